@@ -1,0 +1,3 @@
+"""SoVITS Studio inference engine for GPT-SoVITS models."""
+
+__version__ = "0.1.0"

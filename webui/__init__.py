@@ -1,0 +1,1 @@
+"""The Gradio web UI: a thin layer over the engine."""
