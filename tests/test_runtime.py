@@ -1,0 +1,137 @@
+"""Device and precision decisions with the machine faked, and the per-operator CPU fallback."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from engine.errors import ConfigError, DeviceUnavailableError
+from engine.platform_env import MPS_FALLBACK_VAR, enable_mps_fallback
+from engine.runtime import STAGES, CpuFallback, DeviceProbe, resolve_device, resolve_runtime, runtime_from_official
+
+CPU_ONLY = DeviceProbe()
+H200 = DeviceProbe(cuda_count=1, cuda_capability=(9, 0), cuda_name="NVIDIA H200", cuda_bf16=True)
+PASCAL = DeviceProbe(cuda_count=2, cuda_capability=(6, 1), cuda_name="GeForce GTX 1080")
+GTX1660 = DeviceProbe(cuda_count=1, cuda_capability=(7, 5), cuda_name="NVIDIA GeForce GTX 1660 Ti")
+T4_NO_BF16 = DeviceProbe(cuda_count=1, cuda_capability=(7, 5), cuda_name="Tesla T4", cuda_bf16=False)
+MAC = DeviceProbe(mps=True)
+
+
+@pytest.mark.parametrize(
+    "probe, want",
+    [(CPU_ONLY, "cpu"), (H200, "cuda:0"), (MAC, "mps"), (DeviceProbe(cuda_count=1, mps=True), "cuda:0")],
+)
+def test_auto_prefers_cuda_then_mps_then_cpu(probe: DeviceProbe, want: str) -> None:
+    assert str(resolve_device("auto", probe)) == want
+    assert str(resolve_device(None, probe)) == want
+
+
+@pytest.mark.parametrize("requested, probe", [("cuda", CPU_ONLY), ("cuda:1", H200), ("mps", H200), ("mps", CPU_ONLY)])
+def test_explicit_missing_device_is_an_error(requested: str, probe: DeviceProbe) -> None:
+    with pytest.raises(DeviceUnavailableError, match=requested.split(":")[0]):
+        resolve_device(requested, probe)
+
+
+def test_explicit_devices_that_exist() -> None:
+    assert str(resolve_device("cuda:1", PASCAL)) == "cuda:1"
+    assert str(resolve_device("CPU", H200)) == "cpu"
+    with pytest.raises(ConfigError):
+        resolve_device("gpu0", H200)
+    with pytest.raises(DeviceUnavailableError):
+        resolve_device("xpu", H200)
+
+
+def test_auto_precision_per_device() -> None:
+    assert set(resolve_runtime("auto", probe=CPU_ONLY).stage_dtypes.values()) == {torch.float32}
+    assert set(resolve_runtime("auto", probe=H200).stage_dtypes.values()) == {torch.float16}
+    assert set(resolve_runtime("auto", probe=PASCAL).stage_dtypes.values()) == {torch.float32}
+    assert set(resolve_runtime("auto", probe=GTX1660).stage_dtypes.values()) == {torch.float32}
+    mac = resolve_runtime("auto", probe=MAC)
+    assert mac.dtype_for("vocoder") == torch.float32 and mac.dtype_for("t2s") == torch.float16
+
+
+def test_sampling_stays_fp32_and_overrides_apply() -> None:
+    rt = resolve_runtime("cuda", "bf16", {"vocoder": "fp32"}, probe=H200)
+    assert rt.sampling_dtype == torch.float32
+    assert rt.dtype_for("t2s") == torch.bfloat16 and rt.dtype_for("vocoder") == torch.float32
+    assert rt.is_half
+    with pytest.raises(ConfigError, match="bf16"):
+        resolve_runtime("cuda", "bf16", probe=T4_NO_BF16)
+    with pytest.raises(ConfigError, match="stage"):
+        resolve_runtime("cpu", "fp32", {"decoder": "fp16"}, probe=CPU_ONLY)
+    with pytest.raises(ConfigError, match="precision"):
+        resolve_runtime("cpu", "fp8", probe=CPU_ONLY)
+    with pytest.raises(KeyError):
+        rt.dtype_for("nope")
+
+
+def test_half_on_cpu_falls_back_to_fp32() -> None:
+    rt = resolve_runtime("cpu", "fp16", probe=H200)
+    assert not rt.is_half and set(rt.stage_dtypes) == set(STAGES)
+
+
+def test_official_section_mapping() -> None:
+    assert runtime_from_official("cuda", True, probe=H200).dtype_for("sovits") == torch.float16
+    assert runtime_from_official("cpu", True, probe=H200).dtype_for("sovits") == torch.float32
+    with pytest.raises(DeviceUnavailableError):  # the official code silently used the CPU here
+        runtime_from_official("cuda", True, probe=CPU_ONLY)
+
+
+def test_mps_fallback_env_only_on_macos() -> None:
+    env: dict[str, str] = {}
+    assert not enable_mps_fallback(env, platform="linux") and env == {}
+    assert enable_mps_fallback(env, platform="darwin") and env[MPS_FALLBACK_VAR] == "1"
+    user = {MPS_FALLBACK_VAR: "0"}
+    assert not enable_mps_fallback(user, platform="darwin") and user[MPS_FALLBACK_VAR] == "0"
+
+
+class FakeDeviceTensorOp:
+    """An operator that is 'missing' unless its input lives on the CPU (we fake a device tensor)."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def __call__(self, x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+        where = "cpu" if getattr(x, "_fake_device", None) is None else "fake"
+        self.calls.append(where)
+        if where == "fake":
+            raise NotImplementedError("The operator 'aten::fft_r2c' is not currently implemented for the MPS device")
+        return x * scale
+
+
+def test_cpu_fallback_runs_missing_operator_on_cpu_and_logs_once(caplog: pytest.LogCaptureFixture,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    fallback = CpuFallback()
+    op = FakeDeviceTensorOp()
+    x = torch.ones(3)
+    x._fake_device = "mps"  # type: ignore[attr-defined]
+    # the fallback moves tensors with .cpu()/.to(); on a real device that changes the device, here we
+    # make .cpu() return an unmarked copy and report a non-CPU device for the marked one.
+    monkeypatch.setattr(torch.Tensor, "device", property(lambda t: torch.device("meta") if hasattr(t, "_fake_device") else torch.device("cpu")))
+    monkeypatch.setattr(torch.Tensor, "cpu", lambda t: t.clone())
+    monkeypatch.setattr(torch.Tensor, "to", lambda t, *a, **k: t)
+    with caplog.at_level(logging.WARNING):
+        out1 = fallback.run("fft", op, x, scale=2.0)
+        out2 = fallback.run("fft", op, x, scale=3.0)
+    assert out1.tolist() == [2.0] * 3 and out2.tolist() == [3.0] * 3
+    assert op.calls == ["fake", "cpu", "fake", "cpu"]
+    assert fallback.fallen_back == {"fft"}
+    assert sum("fft" in r.message for r in caplog.records) == 1
+
+
+def test_cpu_fallback_does_not_hide_real_errors() -> None:
+    fallback = CpuFallback()
+
+    def broken(x: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("shape mismatch")
+
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        fallback.run("broken", broken, torch.ones(1))
+
+    def missing_on_cpu(x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError("not implemented for 'CPU'")
+
+    with pytest.raises(NotImplementedError):  # already on the CPU: nothing to fall back to
+        fallback.run("missing", missing_on_cpu, torch.ones(1))
