@@ -198,3 +198,22 @@ def save_torch_file(obj: Any, path: str | os.PathLike, header: bytes | None = No
             raise ValueError(f"unknown version header {header!r}")
         data = header + data[2:]
     Path(path).write_bytes(data)
+
+
+def detect_sovits_version(path: str | os.PathLike, weights: Mapping[str, torch.Tensor],
+                          config: Mapping[str, Any] | None = None) -> tuple[str, str, bool]:
+    """(symbol version, model version, is_lora) from the file, then the weights, then the config.
+
+    Beyond the official rules: a file with CFM weights is a v3/v4 model whatever its size says
+    (small fine-tunes and our fixtures are plain zips), and then the training config's
+    ``version`` (written by the official WebUI) tells v3 from v4; without one, v3 is assumed.
+    """
+    symbol, model, is_lora = resolve_sovits_version(sovits_version_from_file(path), weights)
+    has_cfm = any(k.startswith("cfm.") for k in weights)
+    if has_cfm and model not in ("v3", "v4"):
+        cfg = config or {}
+        named = (cfg.get("model") or {}).get("version") or cfg.get("version")
+        model = named if named in ("v3", "v4") else "v3"
+    elif not has_cfm and model in ("v3", "v4") and not is_lora:
+        model = symbol  # a non-v3 file that happened to be large or hash-alike
+    return symbol, model, is_lora
