@@ -1,0 +1,77 @@
+"""Chinese BERT features (chinese-roberta-wwm-ext-large): one vector per character of the normalised Mandarin
+text from the third-to-last hidden state, repeated per phone (spec §3.10)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from engine.errors import CheckpointError, TextError
+
+HIDDEN_LAYER = -3  # hidden_states[-3]: output of encoder layer 22 of 24 in the large model
+MAX_CHARS = 510  # 512 positions minus [CLS] and [SEP]
+
+
+def expand_to_phones(char_features: torch.Tensor, word2ph: Sequence[int]) -> torch.Tensor:
+    """(n_chars, hidden) -> (hidden, n_phones): row i repeated word2ph[i] times."""
+    if char_features.shape[0] != len(word2ph):
+        raise TextError(f"{char_features.shape[0]} BERT tokens for {len(word2ph)} characters")
+    counts = torch.as_tensor(list(word2ph), dtype=torch.long, device=char_features.device)
+    return torch.repeat_interleave(char_features, counts, dim=0).T  # (hidden, n_phones)
+
+
+class BertFeatureExtractor:
+    """Wraps a HF masked-LM BERT and its tokenizer; the model's device and dtype are used as they are."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+
+    @classmethod
+    def from_folder(cls, folder: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
+        """Load chinese-roberta-wwm-ext-large (or any BERT in the same HF folder layout) with transformers."""
+        from transformers import AutoModelForMaskedLM, AutoTokenizer
+
+        folder = Path(folder)
+        if not (folder / "config.json").is_file():
+            raise CheckpointError(
+                f"{folder} is not a BERT folder (no config.json): point it at chinese-roberta-wwm-ext-large "
+                "(GPT_SoVITS/pretrained_models/chinese-roberta-wwm-ext-large in the official layout)"
+            )
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+            model = AutoModelForMaskedLM.from_pretrained(str(folder), local_files_only=True)
+        except (OSError, ValueError) as e:
+            raise CheckpointError(f"cannot load the BERT model from {folder}: {e}") from e
+        return cls(model.to(device=device, dtype=dtype), tokenizer)
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.model.config.hidden_size)
+
+    def zeros(self, n_phones: int) -> torch.Tensor:
+        """Features for non-Mandarin segments: zeros (hidden, n_phones) float32."""
+        p = next(self.model.parameters())
+        return torch.zeros((self.hidden_size, n_phones), dtype=torch.float32, device=p.device)
+
+    @torch.inference_mode()
+    def char_features(self, norm_text: str) -> torch.Tensor:
+        """(n_chars, hidden) float32: hidden_states[-3] without [CLS] / [SEP]."""
+        if len(norm_text) > MAX_CHARS:
+            raise TextError(
+                f"a Mandarin sentence of {len(norm_text)} characters is too long for BERT (max {MAX_CHARS}); "
+                "split the text into sentences first"
+            )
+        device = next(self.model.parameters()).device
+        inputs = self.tokenizer(norm_text, return_tensors="pt")
+        inputs = {k: v.to(device) for k, v in inputs.items()}
+        out = self.model(**inputs, output_hidden_states=True)
+        return out.hidden_states[HIDDEN_LAYER][0, 1:-1].float()  # (n_chars, hidden)
+
+    def __call__(self, norm_text: str, word2ph: Sequence[int]) -> torch.Tensor:
+        """(hidden, n_phones) float32 features of a normalised Mandarin text."""
+        if len(word2ph) != len(norm_text):
+            raise TextError(f"word2ph has {len(word2ph)} entries for {len(norm_text)} characters")
+        return expand_to_phones(self.char_features(norm_text), word2ph)
