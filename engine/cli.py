@@ -10,6 +10,7 @@ import sys
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "inspect": ("engine.commands.inspect", "describe a GPT-SoVITS weight file or folder"),
     "make-test-weights": ("engine.commands.make_test_weights", "write a random model set in the official formats"),
+    "g2p": ("engine.commands.g2p", "print the phones, ids, word2ph and normalised text for a text"),
 }
 
 
