@@ -208,12 +208,13 @@ def detect_sovits_version(path: str | os.PathLike, weights: Mapping[str, torch.T
     (small fine-tunes and our fixtures are plain zips), and then the training config's
     ``version`` (written by the official WebUI) tells v3 from v4; without one, v3 is assumed.
     """
-    symbol, model, is_lora = resolve_sovits_version(sovits_version_from_file(path), weights)
+    file_version = sovits_version_from_file(path)
+    symbol, model, is_lora = resolve_sovits_version(file_version, weights)
     has_cfm = any(k.startswith("cfm.") for k in weights)
-    if has_cfm and model not in ("v3", "v4"):
+    if has_cfm and not is_lora and md5_head(path) not in PRETRAINED_MD5:
         cfg = config or {}
         named = (cfg.get("model") or {}).get("version") or cfg.get("version")
-        model = named if named in ("v3", "v4") else "v3"
+        model = named if named in ("v3", "v4") else (model if model in ("v3", "v4") else "v3")
     elif not has_cfm and model in ("v3", "v4") and not is_lora:
-        model = symbol  # a non-v3 file that happened to be large or hash-alike
+        model = symbol  # a non-v3 file that happened to be large
     return symbol, model, is_lora

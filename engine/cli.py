@@ -14,26 +14,37 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sovits-studio", description="GPT-SoVITS voice cloning engine")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (module, help_text) in SUBCOMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
-        p.set_defaults(_module=module)
-        importlib.import_module(module).add_arguments(p)
+def _usage() -> str:
+    width = max(map(len, SUBCOMMANDS))
+    rows = "\n".join(f"  {name:<{width}}  {help_text}" for name, (_, help_text) in SUBCOMMANDS.items())
+    return f"usage: sovits-studio COMMAND [options]\n\nGPT-SoVITS voice cloning engine.\n\ncommands:\n{rows}\n"
+
+
+def build_parser(name: str) -> argparse.ArgumentParser:
+    """The parser of one subcommand; only that subcommand's module is imported."""
+    module, help_text = SUBCOMMANDS[name]
+    parser = argparse.ArgumentParser(prog=f"sovits-studio {name}", description=help_text)
+    importlib.import_module(module).add_arguments(parser)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    from engine.platform_env import enable_mps_fallback
+
+    enable_mps_fallback()  # must precede the first torch import (commands import torch lazily)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0 if argv else 2
+    name = argv[0]
+    if name not in SUBCOMMANDS:
+        print(f"sovits-studio: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    args = build_parser(name).parse_args(argv[1:])
     from engine.errors import EngineError
 
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "command", None):
-        parser.print_help()
-        return 2
     try:
-        return int(importlib.import_module(args._module).run(args) or 0)
+        return int(importlib.import_module(SUBCOMMANDS[name][0]).run(args) or 0)
     except EngineError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -1,0 +1,44 @@
+"""Random GPT (s1) checkpoints in the official ``.ckpt`` layout (``weight``/``config``/``info``)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import torch
+
+from engine.checkpoints import save_torch_file
+from engine.data import load_json
+from engine.models.t2s import T2SDims, Text2SemanticModel
+
+TINY = {"embedding_dim": 32, "hidden_dim": 32, "head": 2, "n_layer": 2}
+EOS_ROW_SCALE = 3.0  # like the fixtures: makes EOS reachable within tens of steps on random weights
+
+
+def official_config(version: str) -> dict:
+    """The training yaml the official files carry (``s1longer.yaml`` for v1, ``s1longer-v2.yaml`` otherwise)."""
+    name = "s1longer.yaml" if version == "v1" else "s1longer-v2.yaml"
+    return copy.deepcopy(load_json("model_configs.json")[f"GPT_SoVITS/configs/{name}"])
+
+
+def write_t2s(path: str | Path, version: str = "v2", full_size: bool = False, seed: int = 0) -> Path:
+    """Write a random GPT checkpoint; tiny dims unless ``full_size`` (the official 77.6 M model)."""
+    config = official_config(version)
+    if not full_size:
+        config["model"].update(TINY)
+    generator = torch.Generator().manual_seed(seed)
+    model = Text2SemanticModel(T2SDims.from_config(config["model"]))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name and name.endswith("weight"):
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=generator))
+            elif name.endswith("alpha"):
+                p.fill_(1.0)
+            else:
+                p.copy_(torch.randn(p.shape, generator=generator) / max(1, p.shape[-1]) ** 0.5)
+        model.ar_predict_layer.weight[-1] *= EOS_ROW_SCALE
+    weight = {"model." + k: v.half() for k, v in model.state_dict().items()}
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_torch_file({"weight": weight, "config": config, "info": "GPT-e1"}, path)
+    return path
