@@ -1,0 +1,201 @@
+"""Audio I/O and DSP as pure functions: read, mono mix-down, resampling, the SoVITS linear
+spectrogram (spec §4.2) and the Kaldi fbank of the speaker-verification front end (spec §4.3).
+
+Resampling follows the official choices: ``resample_soxr`` reproduces ``librosa.load(sr=16000)``
+(soxr "HQ", used for the HuBERT prompt path, §4.1) and ``resample_sinc`` reproduces
+``torchaudio.transforms.Resample`` (windowed sinc, used for the 32 kHz spectrogram path and the
+32 -> 16 kHz SV path, §4.2). Nothing here keeps state except bounded caches of pure values.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import BinaryIO
+
+import numpy as np
+import torch
+
+from engine.errors import ReferenceAudioError
+
+MIN_SAMPLE_RATE = 8000  # below this a file cannot carry the 0-8 kHz band HuBERT expects
+MAX_SAMPLE_RATE = 384000
+DEFAULT_MAX_SECONDS = 600.0  # refuse to decode more than this much audio in one read (bounded memory)
+
+# SoVITS reference spectrogram (hps.data of every official config; spec §4.2)
+SPEC_SAMPLE_RATE = 32000
+SPEC_N_FFT = 2048
+SPEC_HOP = 640
+SPEC_WIN = 2048
+
+
+@dataclass(frozen=True)
+class Audio:
+    """Decoded audio: ``samples`` float32 of shape (channels, n), at ``sample_rate`` Hz."""
+
+    samples: np.ndarray
+    sample_rate: int
+
+    @property
+    def num_frames(self) -> int:
+        return int(self.samples.shape[-1])
+
+    @property
+    def seconds(self) -> float:
+        return self.num_frames / self.sample_rate
+
+
+def _describe(source: str | os.PathLike | BinaryIO) -> str:
+    return str(source) if isinstance(source, (str, os.PathLike)) else "the uploaded audio"
+
+
+def read_audio(
+    source: str | os.PathLike | BinaryIO,
+    max_seconds: float = DEFAULT_MAX_SECONDS,
+    truncate: bool = False,
+) -> Audio:
+    """Decode a wav/flac/ogg/mp3 (whatever libsndfile reads) to float32 (channels, n).
+
+    Integer PCM is scaled as ``int / 2**(bits-1)`` (what torchaudio.load and librosa.load return).
+    Files longer than ``max_seconds`` are refused before decoding (memory stays bounded), or, with
+    ``truncate=True``, only their first ``max_seconds`` are decoded. Raises ReferenceAudioError for
+    unreadable, empty, NaN/inf-filled or out-of-range-rate files.
+    """
+    import soundfile as sf
+
+    what = _describe(source)
+    if isinstance(source, (str, os.PathLike)):
+        if not os.path.exists(source):
+            raise ReferenceAudioError(f"audio file not found: {what}")
+        if os.path.isdir(source):
+            raise ReferenceAudioError(f"{what} is a folder; pick an audio file")
+        if os.path.getsize(source) == 0:
+            raise ReferenceAudioError(f"audio file {what} is empty (0 bytes)")
+    try:
+        with sf.SoundFile(source) as f:
+            sr = int(f.samplerate)
+            frames = int(f.frames)
+            if not MIN_SAMPLE_RATE <= sr <= MAX_SAMPLE_RATE:
+                raise ReferenceAudioError(
+                    f"{what} has a sample rate of {sr} Hz; use a recording between "
+                    f"{MIN_SAMPLE_RATE} and {MAX_SAMPLE_RATE} Hz (16 kHz or more is best)"
+                )
+            limit = int(math.floor(max_seconds * sr))
+            if frames > limit and not truncate:
+                raise ReferenceAudioError(
+                    f"{what} is {frames / sr:.1f} s long; at most {max_seconds:g} s can be read. "
+                    "Cut it to a short clip first."
+                )
+            n = min(frames, limit) if frames >= 0 else limit
+            data = f.read(frames=n, dtype="float32", always_2d=True)  # (n, channels)
+    except ReferenceAudioError:
+        raise
+    except (sf.LibsndfileError, RuntimeError, TypeError, ValueError, OSError, EOFError) as e:
+        raise ReferenceAudioError(
+            f"cannot read audio {what}: {e}. Use a wav, flac, ogg or mp3 file."
+        ) from e
+    if data.shape[0] == 0:
+        raise ReferenceAudioError(f"audio {what} contains no samples (zero length)")
+    if not np.isfinite(data).all():
+        raise ReferenceAudioError(f"audio {what} contains NaN or infinite samples; re-export it")
+    return Audio(np.ascontiguousarray(data.T), sr)
+
+
+def to_mono(samples: np.ndarray) -> np.ndarray:
+    """(channels, n) or (n,) -> (n,) float32, the mean over channels (librosa / TTS.py mix-down)."""
+    if samples.ndim == 1:
+        return samples.astype(np.float32, copy=False)
+    if samples.shape[0] == 1:
+        return samples[0].astype(np.float32, copy=False)
+    return np.mean(samples, axis=0, dtype=np.float32)
+
+
+def resampled_length(n: int, sr_in: int, sr_out: int) -> int:
+    """Output length of :func:`resample_soxr` (librosa's ``ceil(n * sr_out / sr_in)``)."""
+    return int(math.ceil(n * sr_out / sr_in))
+
+
+def resample_soxr(x: np.ndarray, sr_in: int, sr_out: int) -> np.ndarray:
+    """1-D float32 resampling as ``librosa.resample(res_type="soxr_hq")``: soxr HQ, then fixed length."""
+    if sr_in == sr_out:
+        return x.astype(np.float32, copy=False)
+    import soxr
+
+    y = soxr.resample(x, sr_in, sr_out, quality="soxr_hq")
+    n = resampled_length(x.shape[-1], sr_in, sr_out)
+    if y.shape[-1] > n:
+        y = y[:n]
+    elif y.shape[-1] < n:
+        y = np.pad(y, (0, n - y.shape[-1]))
+    return np.asarray(y, dtype=np.float32)
+
+
+def resample_sinc(x: torch.Tensor, sr_in: int, sr_out: int) -> torch.Tensor:
+    """Resample along the last axis as ``torchaudio.transforms.Resample(sr_in, sr_out)`` (defaults:
+    Hann-windowed sinc, lowpass_filter_width 6, rolloff 0.99)."""
+    if sr_in == sr_out:
+        return x
+    # computed on CPU (the cached transform is shared and never moved), returned on x's device
+    return _sinc_resampler(int(sr_in), int(sr_out))(x.float().cpu()).to(x.device)
+
+
+@lru_cache(maxsize=16)
+def _sinc_resampler(sr_in: int, sr_out: int) -> torch.nn.Module:
+    """The torchaudio transform itself: its float64-built kernel makes it bit-identical to TTS.py's."""
+    import torchaudio.transforms as AT
+
+    return AT.Resample(sr_in, sr_out)
+
+
+def limit_peak(audio: torch.Tensor) -> torch.Tensor:
+    """TTS.py's reference scaling: if max|x| > 1, divide by min(2, max|x|)."""
+    peak = audio.abs().max()
+    if peak > 1:
+        return audio / torch.clamp(peak, max=2.0)
+    return audio
+
+
+@lru_cache(maxsize=8)
+def _hann_window(win_length: int) -> torch.Tensor:
+    return torch.hann_window(win_length)  # periodic, float32, CPU; never mutated
+
+
+def linear_spectrogram(
+    audio: torch.Tensor, n_fft: int = SPEC_N_FFT, hop_length: int = SPEC_HOP, win_length: int = SPEC_WIN
+) -> torch.Tensor:
+    """The official ``spectrogram_torch(center=False)``: (B, n) -> linear magnitude (B, n_fft//2+1, n // hop).
+
+    Reflect-pads (n_fft - hop) / 2 samples on each side, periodic Hann window, onesided STFT,
+    ``sqrt(re^2 + im^2 + 1e-8)``. No log, no mel. Computed in float32.
+    """
+    if audio.dim() != 2:
+        raise ValueError(f"linear_spectrogram expects (batch, samples), got shape {tuple(audio.shape)}")
+    pad = (n_fft - hop_length) // 2
+    if audio.shape[-1] <= pad:
+        raise ReferenceAudioError(
+            f"audio of {audio.shape[-1]} samples is too short for a spectrogram (needs more than {pad})"
+        )
+    x = audio.float()
+    x = torch.nn.functional.pad(x.unsqueeze(1), (pad, pad), mode="reflect").squeeze(1)
+    window = _hann_window(win_length).to(x.device)
+    spec = torch.stft(x, n_fft, hop_length=hop_length, win_length=win_length, window=window,
+                      center=False, normalized=False, onesided=True, return_complex=True)
+    spec = torch.view_as_real(spec)  # (B, bins, frames, 2)
+    return torch.sqrt(spec.pow(2).sum(-1) + 1e-8)
+
+
+def kaldi_fbank(wav16k: torch.Tensor, num_mel_bins: int = 80) -> torch.Tensor:
+    """The SV front end: Kaldi fbank of 16 kHz audio (n,) -> (frames, num_mel_bins).
+
+    Options as ``GPT_SoVITS/sv.py``: 25 ms / 10 ms frames, snip_edges, dither 0, pre-emphasis 0.97,
+    Povey window, DC removal, 512-point FFT power spectrum, log mel, no mean normalisation.
+    """
+    import torchaudio.compliance.kaldi as kaldi
+
+    if wav16k.dim() != 1:
+        raise ValueError(f"kaldi_fbank expects a 1-D waveform, got shape {tuple(wav16k.shape)}")
+    if wav16k.shape[0] < 400:
+        raise ReferenceAudioError("audio is shorter than one 25 ms frame; the speaker embedding needs more")
+    return kaldi.fbank(wav16k.float().unsqueeze(0), num_mel_bins=num_mel_bins, sample_frequency=16000, dither=0)

@@ -1,0 +1,132 @@
+"""SoVITS ``.pth`` -> module, for v1 / v2 / v2Pro / v2ProPlus (v3/v4 files go to ``sovits_v3``).
+
+Loading follows ``TTS.init_vits_weights`` (spec §2.3): version from the pretrained md5 / 2-byte
+header / size, corrected by the weights; dims from ``hps``; non-strict loading where the only
+tolerated gaps are the training-only ``enc_q`` tensors. Anything else missing is an error (a file of
+another kind fails clearly), and unexpected keys are reported on the result.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from engine.checkpoints import as_plain_dict, detect_sovits_version, load_torch_file, sovits_version_from_file, state_dict_of
+from engine.errors import CheckpointError
+from engine.models.sovits import PRO_VERSIONS, SoVITSDims, SynthesizerTrn
+from engine.models.sovits_modules import fold_weight_norm
+
+TRAINING_ONLY = ("enc_q.",)
+ESSENTIAL_PREFIXES = ("enc_p.", "dec.", "flow.", "ref_enc.", "ssl_proj.", "quantizer.")
+
+
+@dataclass(frozen=True)
+class LoadedSoVITS:
+    """A loaded SoVITS model with what its file says about itself."""
+
+    module: nn.Module  # SynthesizerTrn (v1/v2/v2Pro*) or SynthesizerTrnV3 (v3/v4)
+    dims: Any  # SoVITSDims or the v3/v4 dims
+    symbol_version: str  # "v1" | "v2": the phone table
+    model_version: str  # "v1" | "v2" | "v2Pro" | "v2ProPlus" | "v3" | "v4"
+    is_lora: bool
+    hps: dict  # the file's training hyper-parameters as plain dicts
+    info: str
+    path: Path
+    unexpected_keys: tuple[str, ...] = ()  # in the file, not used by the model (enc_q excluded)
+    notes: tuple[str, ...] = field(default_factory=tuple)  # deviations from the official reading, if any
+
+    @property
+    def sampling_rate(self) -> int:
+        return int(self.hps.get("data", {}).get("sampling_rate", 32000))
+
+    @property
+    def needs_sv_embedding(self) -> bool:
+        return self.model_version in PRO_VERSIONS
+
+
+def _delegate_v3(path: Path, version: str | None, is_lora: bool, hps: dict | None, info: str) -> LoadedSoVITS:
+    try:
+        from engine.loading.sovits_v3 import load_sovits_v3
+    except ImportError as e:
+        raise CheckpointError(f"{path} is a SoVITS v3/v4 file; v3/v4 is not supported yet") from e
+    module = load_sovits_v3(path, version=version)
+    if hps is None:
+        hps = {}
+    model_version = version or getattr(getattr(module, "dims", None), "version", "v3")
+    return LoadedSoVITS(module=module, dims=getattr(module, "dims", None), symbol_version="v2",
+                        model_version=model_version, is_lora=is_lora, hps=hps, info=info, path=path)
+
+
+def load_sovits(path: str | os.PathLike, device: torch.device | str = "cpu",
+                dtype: torch.dtype = torch.float32) -> LoadedSoVITS:
+    """Load any official SoVITS ``.pth``; v1/v2/v2Pro/v2ProPlus here, v3/v4 through ``sovits_v3``.
+
+    Raises CheckpointError naming the file when it is not a SoVITS file, lacks essential weights, or
+    its tensors do not fit the architecture its config describes.
+    """
+    path = Path(path)
+    _, file_model, file_lora = sovits_version_from_file(path)
+    if file_model in ("v3", "v4"):  # header / pretrained md5 / size: do not read 750 MB twice
+        return _delegate_v3(path, file_model, file_lora, None, "")
+
+    obj = load_torch_file(path, "SoVITS weights")
+    if not isinstance(obj, dict) or "weight" not in obj:
+        found = sorted(map(str, obj))[:6] if isinstance(obj, dict) else type(obj).__name__
+        raise CheckpointError(f"{path} is not a GPT-SoVITS SoVITS (.pth) file: no 'weight' entry (found {found})")
+    weights = state_dict_of(obj, path, "weight")
+    if weights and all(k.startswith("model.") for k in weights):
+        raise CheckpointError(f"{path} holds GPT (T2S) weights; pass it as the GPT model, not as SoVITS")
+    if "config" not in obj:
+        raise CheckpointError(f"{path} has no 'config' (hps); not an official SoVITS file")
+    hps = as_plain_dict(obj["config"])
+    info = str(obj.get("info", ""))
+    symbol_version, model_version, is_lora = detect_sovits_version(path, weights, hps)
+    if model_version in ("v3", "v4") or any(k.startswith("cfm.") for k in weights):
+        return _delegate_v3(path, model_version if model_version in ("v3", "v4") else None, is_lora, hps, info)
+
+    notes: list[str] = []
+    if model_version not in PRO_VERSIONS and "sv_emb.weight" in weights:
+        named = hps.get("model", {}).get("version") or hps.get("version")
+        model_version = named if named in PRO_VERSIONS else "v2Pro"
+        notes.append(f"file has no Pro header but holds sv_emb weights: read as {model_version}")
+
+    missing_essential = [p for p in ESSENTIAL_PREFIXES if not any(k.startswith(p) for k in weights)]
+    if missing_essential:
+        raise CheckpointError(
+            f"{path} is not a SoVITS model file: it has no {', '.join(p.rstrip('.') for p in missing_essential)} weights"
+        )
+    try:
+        emb = weights["enc_p.text_embedding.weight"]
+        dims = SoVITSDims.from_hparams(hps, model_version, emb.shape[0])
+    except KeyError as e:
+        raise CheckpointError(f"{path}: SoVITS config or weights lack {e}") from e
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{path}: unusable SoVITS config: {e}") from e
+
+    module = SynthesizerTrn(dims)
+    sd = fold_weight_norm(weights)
+    own = module.state_dict()
+    missing = sorted(k for k in own if k not in sd)
+    if missing:
+        raise CheckpointError(
+            f"SoVITS weights {path} lack {len(missing)} tensors the {model_version} model needs "
+            f"(e.g. {', '.join(missing[:3])}); the file is truncated or of another kind"
+        )
+    wrong = [k for k in own if tuple(sd[k].shape) != tuple(own[k].shape)]
+    if wrong:
+        k = wrong[0]
+        raise CheckpointError(
+            f"SoVITS weights {path}: tensor {k} has shape {tuple(sd[k].shape)}, but the config implies "
+            f"{tuple(own[k].shape)} ({len(wrong)} mismatches)"
+        )
+    unexpected = tuple(sorted(k for k in sd if k not in own and not k.startswith(TRAINING_ONLY)))
+    module.load_state_dict({k: sd[k] for k in own}, strict=True)
+    module = module.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    return LoadedSoVITS(module=module, dims=dims, symbol_version=symbol_version, model_version=model_version,
+                        is_lora=is_lora, hps=hps, info=info, path=path, unexpected_keys=unexpected,
+                        notes=tuple(notes))
