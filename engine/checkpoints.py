@@ -131,11 +131,13 @@ def load_torch_file(path: str | os.PathLike, what: str = "weight file") -> Any:
         )
     if head == b"PK" or head in HEADER_VERSIONS:
         try:
-            zipfile.ZipFile(io.BytesIO(data)).testzip()
+            bad_member = zipfile.ZipFile(io.BytesIO(data)).testzip()  # checks every CRC
         except (zipfile.BadZipFile, EOFError, OSError) as e:
             raise CheckpointError(
                 f"{what} {path} is truncated or corrupt ({e}); download or copy it again"
             ) from e
+        if bad_member is not None:
+            raise CheckpointError(f"{what} {path} is corrupt (bad checksum in {bad_member}); download or copy it again")
     try:
         with _SAFE_GLOBALS_LOCK, torch.serialization.safe_globals(_ALLOWED_GLOBALS):
             return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
