@@ -33,10 +33,23 @@ SPEC_WIN = 2048
 
 @dataclass(frozen=True)
 class Audio:
-    """Decoded audio: ``samples`` float32 of shape (channels, n), at ``sample_rate`` Hz."""
+    """Decoded audio: ``samples`` float32 of shape (channels, n), at ``sample_rate`` Hz.
+
+    ``total_frames`` is the length of the whole file; it exceeds ``num_frames`` when only the start
+    of a long file was decoded (``read_audio(truncate=True)``).
+    """
 
     samples: np.ndarray
     sample_rate: int
+    total_frames: int = -1
+
+    def __post_init__(self) -> None:
+        if self.total_frames < 0:
+            object.__setattr__(self, "total_frames", int(self.samples.shape[-1]))
+
+    @property
+    def total_seconds(self) -> float:
+        return self.total_frames / self.sample_rate
 
     @property
     def num_frames(self) -> int:
@@ -100,7 +113,7 @@ def read_audio(
         raise ReferenceAudioError(f"audio {what} contains no samples (zero length)")
     if not np.isfinite(data).all():
         raise ReferenceAudioError(f"audio {what} contains NaN or infinite samples; re-export it")
-    return Audio(np.ascontiguousarray(data.T), sr)
+    return Audio(np.ascontiguousarray(data.T), sr, max(frames, data.shape[0]))
 
 
 def to_mono(samples: np.ndarray) -> np.ndarray:

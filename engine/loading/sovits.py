@@ -18,7 +18,7 @@ from torch import nn
 
 from engine.checkpoints import as_plain_dict, detect_sovits_version, load_torch_file, sovits_version_from_file, state_dict_of
 from engine.errors import CheckpointError
-from engine.models.sovits import PRO_VERSIONS, SoVITSDims, SynthesizerTrn
+from engine.models.sovits import PRO_VERSIONS, SV_DIM, SoVITSDims, SynthesizerTrn
 from engine.models.sovits_modules import fold_weight_norm
 
 TRAINING_ONLY = ("enc_q.",)
@@ -102,7 +102,8 @@ def load_sovits(path: str | os.PathLike, device: torch.device | str = "cpu",
         )
     try:
         emb = weights["enc_p.text_embedding.weight"]
-        dims = SoVITSDims.from_hparams(hps, model_version, emb.shape[0])
+        sv = weights.get("sv_emb.weight")
+        dims = SoVITSDims.from_hparams(hps, model_version, emb.shape[0], sv.shape[1] if sv is not None else SV_DIM)
     except KeyError as e:
         raise CheckpointError(f"{path}: SoVITS config or weights lack {e}") from e
     except (TypeError, ValueError) as e:

@@ -46,6 +46,7 @@ class SoVITSDims:
     upsample_kernel_sizes: tuple[int, ...] = (16, 16, 8, 2, 2)
     gin_channels: int = 512
     semantic_frame_rate: str = "25hz"
+    sv_dim: int = SV_DIM  # v2Pro*: speaker-embedding length (20480 officially; read from sv_emb.weight)
 
     def __post_init__(self) -> None:
         if self.version not in ("v1", "v2") + PRO_VERSIONS:
@@ -73,7 +74,7 @@ class SoVITSDims:
         return n
 
     @classmethod
-    def from_hparams(cls, hps: Mapping[str, Any], version: str, n_symbols: int) -> "SoVITSDims":
+    def from_hparams(cls, hps: Mapping[str, Any], version: str, n_symbols: int, sv_dim: int = SV_DIM) -> "SoVITSDims":
         """Dims from an official hps dict (``{"data": ..., "model": ...}``) plus the resolved version."""
         model, data = hps["model"], hps["data"]
 
@@ -98,6 +99,7 @@ class SoVITSDims:
             upsample_kernel_sizes=tup(model["upsample_kernel_sizes"]),
             gin_channels=int(model["gin_channels"]),
             semantic_frame_rate="25hz",  # TTS.py forces 25hz (spec §2.3)
+            sv_dim=int(sv_dim),
         )
 
 
@@ -125,7 +127,7 @@ class SynthesizerTrn(nn.Module):
             self.ssl_proj = nn.Conv1d(SSL_DIM, SSL_DIM, 1, stride=1)
         self.quantizer = SemanticQuantizer(SSL_DIM, CODEBOOK_SIZE, 1)
         if dims.is_pro:
-            self.sv_emb = nn.Linear(SV_DIM, dims.gin_channels)
+            self.sv_emb = nn.Linear(dims.sv_dim, dims.gin_channels)
             self.ge_to512 = nn.Linear(dims.gin_channels, MRTE_HIDDEN)
             self.prelu = nn.PReLU(num_parameters=dims.gin_channels)
 

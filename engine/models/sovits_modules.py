@@ -486,10 +486,10 @@ class WN(nn.Module):
             raise ValueError("WN kernel_size must be odd")
         self.hidden_channels = hidden_channels
         self.n_layers = n_layers
-        if gin_channels:
-            self.cond_layer = mark_weight_norm(nn.Conv1d(gin_channels, 2 * hidden_channels * n_layers, 1))
         self.in_layers = nn.ModuleList()
         self.res_skip_layers = nn.ModuleList()
+        if gin_channels:
+            self.cond_layer = mark_weight_norm(nn.Conv1d(gin_channels, 2 * hidden_channels * n_layers, 1))
         for i in range(n_layers):
             dilation = dilation_rate**i
             padding = (kernel_size * dilation - dilation) // 2

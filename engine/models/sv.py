@@ -27,6 +27,22 @@ class ERes2NetV2Dims:
     embedding_size: int = 192
     num_blocks: tuple[int, int, int, int] = (3, 4, 6, 3)
 
+    @classmethod
+    def from_state_dict(cls, sd: dict[str, torch.Tensor]) -> "ERes2NetV2Dims":
+        """Sizes read from the tensors (official files give the defaults; shrunk test files their own)."""
+        m = int(sd["conv1.weight"].shape[0])
+        scale = len({k.split(".")[3] for k in sd if k.startswith("layer1.0.convs.")})
+        expansion = int(sd["layer1.0.conv3.weight"].shape[0]) // m
+        widths = [int(sd[f"layer{i}.0.convs.0.weight"].shape[0]) for i in range(1, 5)]
+        base_width = next((bw for bw in range(1, 257)
+                           if all(int(math.floor(m * 2**i * (bw / 64.0))) == w for i, w in enumerate(widths))), None)
+        if base_width is None:
+            raise ValueError(f"no baseWidth fits the block widths {widths}")
+        blocks = tuple(len({k.split(".")[1] for k in sd if k.startswith(f"layer{i}.")}) for i in range(1, 5))
+        seg_in, emb = int(sd["seg_1.weight"].shape[1]), int(sd["seg_1.weight"].shape[0])
+        feat_dim = seg_in // (m * 8 * expansion * 2) * 8
+        return cls(base_width, scale, expansion, m, feat_dim, emb, blocks)
+
     @property
     def embedding_dim(self) -> int:
         """Length of the ``embed_frames`` vector: 8*m*expansion channels x feat_dim/8 rows (20480)."""

@@ -1,0 +1,245 @@
+"""Reference clip -> what the models need from it (spec §4): prompt semantic tokens, the SoVITS
+linear spectrogram and, for v2Pro/v2ProPlus, the speaker-verification embedding.
+
+Responsibilities: validate a clip with typed errors (length, silence, clipping) and turn it into
+features with the official numerics. Everything here is a pure function of its inputs; a bounded
+cache belongs to the caller (issue 6).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import BinaryIO
+
+import numpy as np
+import torch
+
+from engine.audio import (
+    SPEC_HOP,
+    SPEC_N_FFT,
+    SPEC_SAMPLE_RATE,
+    SPEC_WIN,
+    kaldi_fbank,
+    limit_peak,
+    linear_spectrogram,
+    read_audio,
+    resample_sinc,
+    resample_soxr,
+    resampled_length,
+    to_mono,
+)
+from engine.errors import EngineError, OptionsError, ReferenceAudioError
+from engine.ssl import SSL_SAMPLE_RATE, prompt_ssl_features
+
+SV_SAMPLE_RATE = 16000
+FIT_MODES = ("error", "trim_pad")
+
+
+# ---- typed errors ---------------------------------------------------------------------------
+
+
+class ReferenceLengthError(ReferenceAudioError):
+    """The clip is outside the allowed duration (official rule: 3-10 s at 16 kHz)."""
+
+    def __init__(self, seconds: float, min_seconds: float, max_seconds: float, what: str = "reference audio"):
+        self.seconds, self.min_seconds, self.max_seconds = seconds, min_seconds, max_seconds
+        side = "too long" if seconds > max_seconds else "too short"
+        super().__init__(
+            f"{what} is {seconds:.2f} s long ({side}); references must be {min_seconds:g}-{max_seconds:g} s. "
+            f"Pick another clip, or allow trimming/padding (ReferenceRules(fit='trim_pad'))."
+        )
+
+
+class SilentReferenceError(ReferenceAudioError):
+    """The clip holds (almost) no signal."""
+
+
+class NearEmptyReferenceError(ReferenceAudioError):
+    """The clip is mostly silence: too little audible sound to imitate a voice."""
+
+
+class ClippedReferenceError(ReferenceAudioError):
+    """Many samples sit at the clipping level: the recording is distorted."""
+
+
+# ---- rules ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReferenceRules:
+    """How strictly a reference clip is checked. The defaults are the official 3-10 s rule."""
+
+    min_seconds: float = 3.0  # official: 48000 samples at 16 kHz
+    max_seconds: float = 10.0  # official: 160000 samples at 16 kHz
+    fit: str = "error"  # "error" (official) or "trim_pad": cut to max_seconds / zero-pad to min_seconds
+    silence_dbfs: float = -60.0  # whole-clip RMS below this is "silent"
+    min_active_seconds: float = 0.5  # less audible sound than this is "near-empty"
+    max_clipped_fraction: float = 0.01  # more samples than this at the clipping level is "clipped"
+
+    def __post_init__(self) -> None:
+        if self.fit not in FIT_MODES:
+            raise OptionsError(f"ReferenceRules.fit must be one of {FIT_MODES}, got {self.fit!r}")
+        if not 0 < self.min_seconds <= self.max_seconds:
+            raise OptionsError(
+                f"ReferenceRules needs 0 < min_seconds <= max_seconds, got {self.min_seconds} and {self.max_seconds}"
+            )
+        if self.max_seconds > 60:
+            raise OptionsError(f"ReferenceRules.max_seconds {self.max_seconds} is over 60 s; use a shorter limit")
+        if not 0 < self.max_clipped_fraction <= 1:
+            raise OptionsError("ReferenceRules.max_clipped_fraction must be in (0, 1]")
+
+    def bounds_16k(self) -> tuple[int, int]:
+        """Allowed length in 16 kHz samples, as the official check measures it."""
+        return round(self.min_seconds * SSL_SAMPLE_RATE), round(self.max_seconds * SSL_SAMPLE_RATE)
+
+
+@dataclass(frozen=True)
+class ReferenceClip:
+    """A validated mono reference at its native rate (float32 (n,)), plus how it was adjusted."""
+
+    audio: np.ndarray
+    sample_rate: int
+    original_seconds: float
+    adjustment: str = ""  # "", "trimmed" or "padded"
+
+    @property
+    def seconds(self) -> float:
+        return self.audio.shape[0] / self.sample_rate
+
+
+# ---- validation -----------------------------------------------------------------------------
+
+
+def read_reference(source: str | os.PathLike | BinaryIO, rules: ReferenceRules = ReferenceRules()) -> ReferenceClip:
+    """Decode (at most ``max_seconds`` + 1 s, so memory stays bounded) and validate a reference."""
+    what = f"reference audio {source}" if isinstance(source, (str, os.PathLike)) else "reference audio"
+    decoded = read_audio(source, max_seconds=rules.max_seconds + 1.0, truncate=True)
+    return check_reference(to_mono(decoded.samples), decoded.sample_rate, rules, what,
+                           total_frames=decoded.total_frames)
+
+
+def check_reference(mono: np.ndarray, sample_rate: int, rules: ReferenceRules = ReferenceRules(),
+                    what: str = "reference audio", total_frames: int | None = None) -> ReferenceClip:
+    """Apply the length rule (error or trim/pad) and the content checks to a mono clip."""
+    if mono.ndim != 1:
+        raise ReferenceAudioError(f"{what}: expected mono samples (n,), got shape {mono.shape}")
+    if mono.shape[0] == 0:
+        raise ReferenceAudioError(f"{what} contains no samples (zero length)")
+    if not np.isfinite(mono).all():
+        raise ReferenceAudioError(f"{what} contains NaN or infinite samples; re-export it")
+    total = mono.shape[0] if total_frames is None else max(total_frames, mono.shape[0])
+    seconds = total / sample_rate
+    lo16, hi16 = rules.bounds_16k()
+    n16 = resampled_length(total, sample_rate, SSL_SAMPLE_RATE)  # length librosa.load(sr=16000) returns
+    audio, adjustment = mono.astype(np.float32, copy=False), ""
+    if n16 > hi16 or n16 < lo16:
+        if rules.fit == "error":
+            raise ReferenceLengthError(seconds, rules.min_seconds, rules.max_seconds, what)
+        if n16 > hi16:
+            audio, adjustment = audio[: int(math.floor(hi16 * sample_rate / SSL_SAMPLE_RATE))], "trimmed"
+        else:
+            target = int(math.ceil(lo16 * sample_rate / SSL_SAMPLE_RATE))
+            audio, adjustment = np.pad(audio, (0, target - audio.shape[0])), "padded"
+    elif total > mono.shape[0]:
+        raise ReferenceAudioError(f"{what}: only {mono.shape[0]} of {total} samples were decoded")
+    _check_content(audio, sample_rate, rules, what)
+    return ReferenceClip(np.ascontiguousarray(audio), sample_rate, seconds, adjustment)
+
+
+def _dbfs(rms: float) -> float:
+    return 20.0 * math.log10(rms) if rms > 0 else -math.inf
+
+
+def _check_content(audio: np.ndarray, sr: int, rules: ReferenceRules, what: str) -> None:
+    x = audio.astype(np.float64)
+    level = _dbfs(float(np.sqrt(np.mean(x * x))))
+    if level < rules.silence_dbfs:
+        raise SilentReferenceError(
+            f"{what} is silent (RMS {level:.1f} dBFS, below {rules.silence_dbfs:g} dBFS); record or pick a clip with speech"
+        )
+    frame = max(1, sr // 50)  # 20 ms frames
+    n = x.shape[0] // frame
+    if n:
+        frames = x[: n * frame].reshape(n, frame)
+        frame_db = 10.0 * np.log10(np.maximum(np.mean(frames * frames, axis=1), 1e-20))
+        floor = max(rules.silence_dbfs, float(frame_db.max()) - 40.0)
+        active = float(np.count_nonzero(frame_db > floor)) * frame / sr
+        if active < rules.min_active_seconds:
+            raise NearEmptyReferenceError(
+                f"{what} is nearly empty: only {active:.2f} s of audible sound (at least "
+                f"{rules.min_active_seconds:g} s needed); pick a clip with more speech"
+            )
+    peak = float(np.max(np.abs(x)))
+    if peak >= 0.99:
+        clipped = float(np.count_nonzero(np.abs(x) >= 0.999 * peak)) / x.shape[0]
+        if clipped > rules.max_clipped_fraction:
+            raise ClippedReferenceError(
+                f"{what} is clipped: {clipped:.1%} of its samples sit at the peak level {peak:.3f} "
+                f"(at most {rules.max_clipped_fraction:.1%} allowed); use a recording made at a lower gain"
+            )
+
+
+# ---- features (spec §4.1-§4.3) --------------------------------------------------------------
+
+
+def reference_wav16k(clip: ReferenceClip) -> torch.Tensor:
+    """The HuBERT input: ``librosa.load(path, sr=16000)`` of the clip, float32 (n16,)."""
+    return torch.from_numpy(resample_soxr(clip.audio, clip.sample_rate, SSL_SAMPLE_RATE).copy())
+
+
+@torch.no_grad()
+def prompt_semantic(clip: ReferenceClip, ssl_model: torch.nn.Module, sovits: torch.nn.Module,
+                    sovits_sample_rate: int = SPEC_SAMPLE_RATE) -> torch.Tensor:
+    """Prompt semantic tokens (T,) int64: 16 kHz + 9600 zeros -> HuBERT -> ``sovits.extract_latent``."""
+    feats = prompt_ssl_features(ssl_model, reference_wav16k(clip), sovits_sample_rate)  # (1, 768, T_h)
+    param = next(sovits.parameters())
+    codes = sovits.extract_latent(feats.to(device=param.device, dtype=param.dtype))  # (1, 1, T_h // 2)
+    return codes[0, 0]
+
+
+def reference_audio_32k(clip: ReferenceClip, sovits_sample_rate: int = SPEC_SAMPLE_RATE) -> torch.Tensor:
+    """The spectrogram path's audio: torchaudio-style resample to 32 kHz, then the peak limit (1, n32)."""
+    audio = torch.from_numpy(clip.audio).unsqueeze(0)  # (1, n)
+    return limit_peak(resample_sinc(audio, clip.sample_rate, sovits_sample_rate))
+
+
+def reference_spectrogram(audio32k: torch.Tensor) -> torch.Tensor:
+    """(1, n32) -> the SoVITS reference spectrogram (1, 1025, n32 // 640), float32."""
+    return linear_spectrogram(audio32k, SPEC_N_FFT, SPEC_HOP, SPEC_WIN)
+
+
+@torch.no_grad()
+def sv_embedding(audio32k: torch.Tensor, sv_model: torch.nn.Module, sovits_sample_rate: int = SPEC_SAMPLE_RATE) -> torch.Tensor:
+    """v2Pro/v2ProPlus speaker embedding (1, 20480): 32 -> 16 kHz, Kaldi fbank, ERes2NetV2."""
+    wav16k = resample_sinc(audio32k, sovits_sample_rate, SV_SAMPLE_RATE)  # (1, n16)
+    feats = torch.stack([kaldi_fbank(row) for row in wav16k])  # (1, frames, 80)
+    param = next(sv_model.parameters())
+    return sv_model.embed_frames(feats.to(device=param.device, dtype=param.dtype))
+
+
+@dataclass(frozen=True)
+class ReferenceFeatures:
+    """Everything SoVITS v1/v2/v2Pro* needs from one reference clip."""
+
+    spec: torch.Tensor  # (1, 1025, F) float32
+    prompt_semantic: torch.Tensor | None = None  # (T,) int64; None when not requested (aux references)
+    sv_embedding: torch.Tensor | None = None  # (1, 20480); v2Pro/v2ProPlus only
+
+
+def reference_features(clip: ReferenceClip, sovits: torch.nn.Module, ssl_model: torch.nn.Module | None = None,
+                       sv_model: torch.nn.Module | None = None, with_prompt: bool = True,
+                       sovits_sample_rate: int = SPEC_SAMPLE_RATE) -> ReferenceFeatures:
+    """Spectrogram, and optionally prompt tokens (needs ``ssl_model``) and the SV embedding (``sv_model``)."""
+    needs_sv = bool(getattr(getattr(sovits, "dims", None), "is_pro", False))
+    if needs_sv and sv_model is None:
+        raise EngineError("this v2Pro/v2ProPlus model needs the speaker-verification model (sv_model)")
+    if with_prompt and ssl_model is None:
+        raise EngineError("prompt tokens need the HuBERT model (ssl_model)")
+    audio32k = reference_audio_32k(clip, sovits_sample_rate)
+    return ReferenceFeatures(
+        spec=reference_spectrogram(audio32k),
+        prompt_semantic=prompt_semantic(clip, ssl_model, sovits, sovits_sample_rate) if with_prompt else None,
+        sv_embedding=sv_embedding(audio32k, sv_model, sovits_sample_rate) if needs_sv else None,
+    )
