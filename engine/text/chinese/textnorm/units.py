@@ -33,8 +33,8 @@ MEASURES = (
 
 def replace_temperature(m: re.Match) -> str:
     sign = "零下" if m.group(1) else ""
-    unit = "摄氏度" if m.group(4) == "摄氏度" else "度"
-    return f"{sign}{read_number(m.group(2))}{unit}"
+    # The official code compares group 3 (the decimal part) with "摄氏度", so the unit is always read 度.
+    return f"{sign}{read_number(m.group(2))}度"
 
 
 def replace_measure(sentence: str) -> str:
