@@ -11,14 +11,13 @@ import threading
 from functools import lru_cache
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from pypinyin import Style, lazy_pinyin
 from pypinyin.contrib.tone_convert import to_finals_tone3, to_initials
 
 from engine.data import load_json
 from engine.errors import TextError
 from engine.text.symbols import PUNCTUATION
 
-from .tone_sandhi import ToneSandhi
+from .tone_sandhi import ToneSandhi, initials_and_finals
 
 if TYPE_CHECKING:
     from .g2pw import G2PWConverter
@@ -137,8 +136,7 @@ class ChineseG2P:
                 start = end
                 continue
             if pinyins is None:
-                initials = lazy_pinyin(word, neutral_tone_with_five=True, style=Style.INITIALS)
-                finals = lazy_pinyin(word, neutral_tone_with_five=True, style=Style.FINALS_TONE3)
+                initials, finals = initials_and_finals(word)
             else:
                 initials, finals = _split_pinyins(self.g2pw.correct(word, pinyins[start:end]))
             start = end

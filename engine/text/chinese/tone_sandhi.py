@@ -29,8 +29,19 @@ def _word_lists() -> tuple[frozenset[str], frozenset[str], str]:
     )
 
 
+@lru_cache(maxsize=8192)
+def _pinyin(word: str, style: Style) -> tuple[str, ...]:
+    # pypinyin's reading of a word depends only on the word: memoised, bounded
+    return tuple(lazy_pinyin(word, neutral_tone_with_five=True, style=style))
+
+
+def initials_and_finals(word: str) -> tuple[list[str], list[str]]:
+    """pypinyin initials (strict) and TONE3 finals (neutral tone 5) of a word."""
+    return list(_pinyin(word, Style.INITIALS)), list(_pinyin(word, Style.FINALS_TONE3))
+
+
 def _finals_tone3(word: str) -> list[str]:
-    return lazy_pinyin(word, neutral_tone_with_five=True, style=Style.FINALS_TONE3)
+    return list(_pinyin(word, Style.FINALS_TONE3))
 
 
 def _set_tone(final: str, tone: str) -> str:
