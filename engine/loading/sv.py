@@ -22,7 +22,15 @@ def load_sv_model(path: str | os.PathLike, device: torch.device | str = "cpu",
     """Strictly load the ERes2NetV2 speaker-verification weights; CheckpointError names what is wrong."""
     path = Path(path)
     obj = load_torch_file(path, "speaker-verification weights")
-    sd = state_dict_of(obj, path, key=None)
+    if isinstance(obj, dict) and "weight" in obj and "config" in obj:
+        raise CheckpointError(
+            f"{path} is a GPT-SoVITS model file (it has 'weight' and 'config'), not the ERes2NetV2 "
+            "speaker-verification checkpoint (sv/pretrained_eres2netv2w24s4ep4.ckpt)"
+        )
+    try:
+        sd = state_dict_of(obj, path, key=None)
+    except CheckpointError as e:
+        raise CheckpointError(f"{e} (expected the ERes2NetV2 speaker-verification checkpoint)") from e
     try:
         dims = ERes2NetV2Dims.from_state_dict(sd)
     except (KeyError, ValueError, ZeroDivisionError) as e:
