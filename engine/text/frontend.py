@@ -64,12 +64,13 @@ class TextFeatures:
 
 
 def _pair(item: Any) -> tuple[str, str]:
-    # accept {"lang", "text"} dicts (the official shape), (lang, text) tuples or objects with .lang / .text
+    # (lang, text) from a langsegment Segment (.lang / .text), an official-style {"lang", "text"} dict,
+    # or a plain (lang, text) tuple
+    if hasattr(item, "lang") and hasattr(item, "text"):
+        return item.lang, item.text
     if isinstance(item, dict):
         return item["lang"], item["text"]
-    if isinstance(item, tuple):
-        return item[0], item[1]
-    return item.lang, item.text
+    return item[0], item[1]
 
 
 def _get_texts(text: str, default_lang: str | None) -> list[tuple[str, str]]:
