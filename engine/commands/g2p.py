@@ -40,6 +40,8 @@ def run(args: argparse.Namespace) -> int:
     from engine.text.chinese import ChineseG2P
     from engine.text.frontend import TextFrontend
 
+    import jieba  # noqa: F401  (jieba sets its logger to DEBUG when imported; quiet it afterwards)
+
     logging.getLogger("jieba").setLevel(logging.ERROR)  # no dictionary-loading chatter on stderr
     text = args.text if args.text is not None else sys.stdin.read()
     zh_g2p = None
