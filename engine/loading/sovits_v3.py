@@ -9,7 +9,8 @@
   tensor of the LoRA file replaces the base one.
 
 The version cannot always be read from a file (small user files are plain zips, spec §2.3), so the
-caller may pass it; otherwise the header / pretrained md5 / size rules decide.
+caller may pass it; otherwise the header / pretrained md5 / size rules decide, and failing those the
+``model.version`` the WebUI writes into hps (the official loader would misread such a file as v2).
 """
 
 from __future__ import annotations
@@ -78,15 +79,17 @@ def merge_lora(base: dict[str, torch.Tensor], lora: dict[str, torch.Tensor], ran
     return out
 
 
-def _resolve_version(path: Path, version: str | None) -> tuple[str, bool]:
+def _resolve_version(path: Path, version: str | None, hps_version: str | None) -> tuple[str, bool]:
     _, file_version, is_lora = sovits_version_from_file(path)
     if version is None:
-        if file_version not in ("v3", "v4"):
-            raise CheckpointError(
-                f"cannot tell from {path} whether it is a v3 or v4 SoVITS file (small files carry no "
-                "version mark); pass version='v3' or 'v4'"
-            )
-        return file_version, is_lora
+        if file_version in ("v3", "v4"):
+            return file_version, is_lora
+        if hps_version in ("v3", "v4"):  # the WebUI writes hps.model.version; the official loader ignores it
+            return hps_version, is_lora
+        raise CheckpointError(
+            f"cannot tell from {path} whether it is a v3 or v4 SoVITS file (small files carry no "
+            "version mark); pass version='v3' or 'v4'"
+        )
     if version not in ("v3", "v4"):
         raise CheckpointError(f"load_sovits_v3 loads v3/v4 files, not {version!r}")
     if is_lora and file_version != version:
@@ -102,8 +105,14 @@ def load_sovits_v3(path: str | os.PathLike, version: str | None = None,
     ``base_path``: the version's pretrained base model (s2Gv3.pth / s2Gv4.pth); required for LoRA files.
     """
     path = Path(path)
-    version, is_lora = _resolve_version(path, version)
-    obj = load_torch_file(path, f"SoVITS {version} weights")
+    obj = load_torch_file(path, "SoVITS v3/v4 weights")
+    if not isinstance(obj, dict) or "weight" not in obj:
+        raise CheckpointError(f"{path} is not a GPT-SoVITS SoVITS (.pth) file: no 'weight' entry")
+    try:
+        hps_version = as_plain_dict(obj["config"]).get("model", {}).get("version") if "config" in obj else None
+    except CheckpointError:
+        hps_version = None
+    version, is_lora = _resolve_version(path, version, hps_version)
     sd = state_dict_of(obj, path)
     if is_lora or "lora_rank" in obj:
         if base_path is None:
