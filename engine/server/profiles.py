@@ -1,0 +1,185 @@
+"""Saved reference voices ("profiles"): what the OpenAI endpoint's ``voice`` names.
+
+A profile is a folder ``<root>/<name>/`` holding one reference clip, optional auxiliary clips and a
+``profile.json`` with the transcript, its language and optionally the GPT/SoVITS weights to use::
+
+    {"audio": "reference.wav", "prompt_text": "...", "prompt_lang": "zh",
+     "aux_audio": [], "gpt_weights": "", "sovits_weights": ""}
+
+Names are validated (letters, digits, ``_ . -``; no separators), and every file a profile names must
+lie inside its own folder, so a profile can never point the server at an arbitrary path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.errors import EngineError, OptionsError, ReferenceAudioError
+
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".mp3")
+PROFILE_FILE = "profile.json"
+MAX_PROMPT_CHARS = 1000
+
+
+class ProfileNotFoundError(EngineError, LookupError):
+    """No saved voice of that name."""
+
+
+class ProfileExistsError(EngineError, FileExistsError):
+    """A voice of that name is already saved (delete it first, or save with overwrite)."""
+
+
+@dataclass(frozen=True)
+class VoiceProfile:
+    """One saved voice: a reference clip with its transcript and language."""
+
+    name: str
+    audio_path: Path
+    prompt_text: str
+    prompt_lang: str
+    aux_audio_paths: tuple[Path, ...] = ()
+    gpt_weights: str = ""  # optional weight file (resolved against the server's weight folders)
+    sovits_weights: str = ""
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "prompt_text": self.prompt_text, "prompt_lang": self.prompt_lang,
+                "aux_audio": [p.name for p in self.aux_audio_paths], "gpt_weights": self.gpt_weights,
+                "sovits_weights": self.sovits_weights}
+
+
+def check_name(name: str, field: str = "voice") -> str:
+    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name) or name.endswith("."):
+        raise OptionsError(
+            f"{field}: {name!r} is not a valid voice name; use 1-64 letters, digits, '_', '.' or '-', "
+            f"starting with a letter or digit"
+        )
+    return name
+
+
+def _check_language(lang: str) -> str:
+    from engine.text.frontend import languages
+
+    valid = languages("v2")  # the widest set; the model version is checked at synthesis time
+    if lang not in valid:
+        raise OptionsError(f"prompt_lang: {lang!r} is not a language code; use one of {', '.join(valid)}")
+    return lang
+
+
+def _inside(folder: Path, name: str, field: str) -> Path:
+    if not isinstance(name, str) or not name or Path(name).name != name or name in (".", ".."):
+        raise OptionsError(f"{field}: {name!r} must be a plain file name inside the profile folder")
+    return folder / name
+
+
+def _check_audio_bytes(data: bytes, field: str) -> None:
+    import io
+
+    import soundfile as sf
+
+    try:
+        info = sf.info(io.BytesIO(data))
+    except (RuntimeError, sf.LibsndfileError) as e:
+        raise ReferenceAudioError(f"{field}: not a readable audio file ({e})") from e
+    if info.frames <= 0:
+        raise ReferenceAudioError(f"{field}: the audio file holds no samples")
+
+
+class ProfileStore:
+    """The saved voices in one folder. Reads are cheap and uncached (the folder is the truth);
+    writes are atomic (a finished folder is renamed into place) and serialised by a lock."""
+
+    def __init__(self, root: str | os.PathLike, max_audio_bytes: int = 20 * 1024 * 1024) -> None:
+        self.root = Path(root)
+        self.max_audio_bytes = max_audio_bytes
+        self._write_lock = threading.Lock()
+
+    def names(self) -> list[str]:
+        if not self.root.is_dir():
+            return []
+        return sorted(p.name for p in self.root.iterdir()
+                      if p.is_dir() and NAME_PATTERN.fullmatch(p.name) and (p / PROFILE_FILE).is_file())
+
+    def list(self) -> list[VoiceProfile]:
+        out = []
+        for name in self.names():
+            try:
+                out.append(self.get(name))
+            except EngineError:
+                continue  # a broken folder is skipped in listings; get() names the problem
+        return out
+
+    def get(self, name: str) -> VoiceProfile:
+        check_name(name)
+        folder = self.root / name
+        meta_file = folder / PROFILE_FILE
+        if not meta_file.is_file():
+            known = ", ".join(self.names()) or "none saved yet"
+            raise ProfileNotFoundError(f"voice: no saved voice named {name!r} (known: {known})")
+        try:
+            meta = json.loads(meta_file.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise OptionsError(f"voice: {meta_file} is not valid JSON ({e}); save the voice again") from e
+        if not isinstance(meta, dict):
+            raise OptionsError(f"voice: {meta_file} must hold a JSON object")
+        audio = _inside(folder, meta.get("audio", ""), f"voice {name}: audio")
+        if not audio.is_file():
+            raise ReferenceAudioError(f"voice {name}: its reference clip {audio} is missing")
+        aux = tuple(_inside(folder, a, f"voice {name}: aux_audio") for a in meta.get("aux_audio", []) or [])
+        return VoiceProfile(
+            name=name,
+            audio_path=audio,
+            prompt_text=str(meta.get("prompt_text", "")),
+            prompt_lang=str(meta.get("prompt_lang", "")),
+            aux_audio_paths=aux,
+            gpt_weights=str(meta.get("gpt_weights", "") or ""),
+            sovits_weights=str(meta.get("sovits_weights", "") or ""),
+        )
+
+    def save(self, name: str, audio: bytes, prompt_text: str, prompt_lang: str, *, suffix: str = ".wav",
+             gpt_weights: str = "", sovits_weights: str = "", overwrite: bool = False) -> VoiceProfile:
+        """Store a new voice from the clip's bytes. The clip must be readable audio of at most
+        ``max_audio_bytes``; the transcript at most :data:`MAX_PROMPT_CHARS` characters."""
+        check_name(name)
+        suffix = suffix.lower()
+        if suffix not in AUDIO_SUFFIXES:
+            raise OptionsError(f"audio: files of type {suffix!r} are not accepted; use {', '.join(AUDIO_SUFFIXES)}")
+        if len(audio) > self.max_audio_bytes:
+            raise OptionsError(f"audio: the clip is {len(audio)} bytes; the limit is {self.max_audio_bytes}")
+        _check_audio_bytes(audio, "audio")
+        if len(prompt_text) > MAX_PROMPT_CHARS:
+            raise OptionsError(f"prompt_text: {len(prompt_text)} characters; the limit is {MAX_PROMPT_CHARS}")
+        _check_language(prompt_lang)
+        meta = {"audio": "reference" + suffix, "prompt_text": prompt_text, "prompt_lang": prompt_lang,
+                "aux_audio": [], "gpt_weights": gpt_weights, "sovits_weights": sovits_weights}
+        with self._write_lock:
+            target = self.root / name
+            if target.exists() and not overwrite:
+                raise ProfileExistsError(f"voice: {name!r} is already saved; delete it first")
+            self.root.mkdir(parents=True, exist_ok=True)
+            staging = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=self.root))
+            try:
+                (staging / meta["audio"]).write_bytes(audio)
+                (staging / PROFILE_FILE).write_text(json.dumps(meta, ensure_ascii=False, indent=1), encoding="utf-8")
+                if target.exists():
+                    shutil.rmtree(target)
+                staging.rename(target)
+            finally:
+                if staging.exists():
+                    shutil.rmtree(staging, ignore_errors=True)
+        return self.get(name)
+
+    def delete(self, name: str) -> None:
+        check_name(name)
+        with self._write_lock:
+            folder = self.root / name
+            if not (folder / PROFILE_FILE).is_file():
+                raise ProfileNotFoundError(f"voice: no saved voice named {name!r}")
+            shutil.rmtree(folder)
