@@ -109,7 +109,8 @@ def load_sovits(path: str | os.PathLike, device: torch.device | str = "cpu",
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"{path}: unusable SoVITS config: {e}") from e
 
-    module = SynthesizerTrn(dims)
+    with torch.device("meta"):  # no random init: every tensor comes from the file
+        module = SynthesizerTrn(dims)
     sd = fold_weight_norm(weights)
     own = module.state_dict()
     missing = sorted(k for k in own if k not in sd)
@@ -126,7 +127,7 @@ def load_sovits(path: str | os.PathLike, device: torch.device | str = "cpu",
             f"{tuple(own[k].shape)} ({len(wrong)} mismatches)"
         )
     unexpected = tuple(sorted(k for k in sd if k not in own and not k.startswith(TRAINING_ONLY)))
-    module.load_state_dict({k: sd[k] for k in own}, strict=True)
+    module.load_state_dict({k: sd[k].to(torch.float32).contiguous() for k in own}, strict=True, assign=True)
     module = module.to(device=device, dtype=dtype).eval().requires_grad_(False)
     return LoadedSoVITS(module=module, dims=dims, symbol_version=symbol_version, model_version=model_version,
                         is_lora=is_lora, hps=hps, info=info, path=path, unexpected_keys=unexpected,

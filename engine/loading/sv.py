@@ -37,7 +37,8 @@ def load_sv_model(path: str | os.PathLike, device: torch.device | str = "cpu",
         raise CheckpointError(
             f"{path} is not the ERes2NetV2 speaker-verification checkpoint (eres2netv2w24s4ep4): {e!r}"
         ) from e
-    model = ERes2NetV2(dims)
+    with torch.device("meta"):  # no random init: every tensor comes from the file
+        model = ERes2NetV2(dims)
     own = model.state_dict()
     missing = [k for k in own if k not in sd]
     unexpected = [k for k in sd if k not in own]
@@ -50,5 +51,5 @@ def load_sv_model(path: str | os.PathLike, device: torch.device | str = "cpu",
     if wrong:
         k = wrong[0]
         raise CheckpointError(f"{path}: tensor {k} has shape {tuple(sd[k].shape)}, expected {tuple(own[k].shape)}")
-    model.load_state_dict(sd, strict=True)
+    model.load_state_dict({k: v.to(own[k].dtype).contiguous() for k, v in sd.items()}, strict=True, assign=True)
     return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
