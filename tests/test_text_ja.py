@@ -65,7 +65,8 @@ def test_norm_text_and_phonemes(case, symbols):
 
 @pytest.mark.parametrize("case, symbols", _sentence_params())
 def test_phones_with_prosody(case, symbols, request):
-    if case["id"] in PROSODY_DIVERGENCES:
+    # with the official pyopenjtalk build every sentence must match, marks included
+    if case["id"] in PROSODY_DIVERGENCES and japanese.default_g2p().library == "pyopenjtalk-plus":
         request.applymarker(pytest.mark.xfail(strict=True, reason=PROSODY_DIVERGENCES[case["id"]]))
     phones, _ = japanese.g2p(case["clean_text"]["norm_text"])
     assert _to_ids(phones, symbols) == case["clean_text"]["phone_ids"]

@@ -12,8 +12,10 @@ OpenJTalk comes from the ``pyopenjtalk`` module, whichever package provides it:
   open_jtalk that joins some accent phrases the original keeps apart (e.g. 飼って|います,
   持って|行きましょう, 待って|ください) and places a few accents differently, so about 5 in 12 fixture
   sentences differ in ``[``/``]``/UNK positions (phonemes themselves agree).
-* The official ``pyopenjtalk`` 0.4.1 (source build) gives the official labels, provided
-  ``OPEN_JTALK_DICT_DIR`` names an unpacked dictionary (we refuse to let it download one).
+* The official ``pyopenjtalk`` 0.4.1 (a source build: ``pip install pyopenjtalk==0.4.1`` needs cmake and a
+  C++ compiler, and replaces pyopenjtalk-plus's module) gives the official labels: with
+  ``OPEN_JTALK_DICT_DIR`` set to a copy of pyopenjtalk-plus's ``pyopenjtalk/dictionary`` folder it
+  reproduces all 12 fixture sentences. We refuse to let it download a dictionary.
 
 An official install may also load a user dictionary (``ja_userdic/userdict.csv``); pass
 ``user_dict_csv`` to :class:`JapaneseG2p` to do the same.
@@ -124,11 +126,10 @@ class JapaneseG2p:
         self._jtalk = OpenJTalk(dn_mecab=dict_dir_str.encode("utf-8"), userdic=user_dic)
         # pyopenjtalk-plus adds reading rules (katakana restoration, numeral readings) the original lacks.
         params = inspect.signature(self._jtalk.run_frontend).parameters
-        self._frontend_kwargs = (
-            {"restore_unknown_katakana": False, "modify_numeral_reading": False}
-            if "modify_numeral_reading" in params
-            else {}
-        )
+        plus = "modify_numeral_reading" in params
+        self._frontend_kwargs = {"restore_unknown_katakana": False, "modify_numeral_reading": False} if plus else {}
+        # which OpenJTalk build runs: "pyopenjtalk-plus" (modified accent rules) or "pyopenjtalk" (official)
+        self.library = "pyopenjtalk-plus" if plus else "pyopenjtalk"
 
     def labels(self, run: str) -> list[str]:
         with self._lock:
