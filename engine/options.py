@@ -1,0 +1,223 @@
+"""Per-request synthesis options and engine settings: defaults exist here once, checked in one place.
+
+``SynthesisOptions`` holds the options of the official ``TTS.run`` with its defaults (spec §9.1;
+``engine/data/model_configs.json`` "TTS.run defaults"). It is frozen and validated in
+``__post_init__``; invalid values raise :class:`OptionsError` naming the field. Unlike the official
+``run``, nothing here rewrites a flag: the official mode rules (spec §9.2) are applied by
+:func:`resolve_plan`, which returns the effective :class:`SynthesisPlan` and says, in ``notes``,
+every flag it had to override and why. The CLI, the HTTP API and the UI all build this one type.
+
+``EngineSettings`` holds deployment choices of a running engine (cache bounds, the memory
+watermark, the folders weights may come from); never architecture numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from engine.errors import OptionsError
+
+SPLIT_METHODS = ("cut0", "cut1", "cut2", "cut3", "cut4", "cut5")
+VOCODER_VERSIONS = ("v3", "v4")  # versions whose audio comes from CFM + vocoder (no token streaming)
+MAX_SEED = 2**32 - 1  # the official random seed range [0, 2^32 - 1]
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+@dataclass(frozen=True)
+class SynthesisOptions:
+    """Options of one synthesis request (official ``TTS.run`` names and defaults)."""
+
+    # ---- text -----------------------------------------------------------------------------
+    text_split_method: str = "cut1"  # sentence splitter cut0..cut5 (TTS.run default; api_v2 uses cut5)
+    # ---- batching -------------------------------------------------------------------------
+    batch_size: int = 1  # sentences decoded together by the T2S model
+    batch_threshold: float = 0.75  # bucketing: min ratio of the middle length to the mean length
+    split_bucket: bool = True  # group sentences of similar length into batches (order restored)
+    parallel_infer: bool = True  # batched T2S (and batched CFM for v3/v4) instead of one by one
+    # ---- sampling (T2S) ---------------------------------------------------------------------
+    top_k: int = 15  # keep the k most likely tokens (1 = greedy)
+    top_p: float = 1.0  # nucleus filter on the un-tempered logits; 1 disables it
+    temperature: float = 1.0  # logits divided by max(temperature, 1e-5)
+    repetition_penalty: float = 1.35  # once per distinct token already in the sequence
+    seed: int = -1  # -1: a random seed in [0, 2^32-1] (reported on every Result)
+    early_stop_num: int | None = None  # max new tokens per sentence; None: the checkpoint's hz*max_sec (2700)
+    # ---- acoustic ---------------------------------------------------------------------------
+    speed_factor: float = 1.0  # > 1 speaks faster (latent time-stretch; disables bucketing)
+    sample_steps: int = 32  # CFM Euler steps (v3/v4 only)
+    super_sampling: bool = False  # v3: AP-BWE 24 -> 48 kHz (not bundled: see resolve_plan notes)
+    # ---- output -----------------------------------------------------------------------------
+    fragment_interval: float = 0.3  # seconds of silence after each sentence, counted at 32 kHz (official quirk)
+    return_fragment: bool = False  # official "old streaming": sentences featurised lazily, no bucketing
+    streaming_mode: bool = False  # token-chunk streaming (v1/v2/v2Pro*; v3/v4 fall back to return_fragment)
+    overlap_length: int = 2  # streaming: semantic tokens of overlap between chunks
+    min_chunk_length: int = 16  # streaming: minimum semantic tokens per chunk
+    fixed_length_chunk: bool = False  # streaming: fixed-size chunks instead of splitting at mute tokens
+
+    def __post_init__(self) -> None:
+        if self.text_split_method not in SPLIT_METHODS:
+            raise OptionsError(
+                f"text_split_method {self.text_split_method!r} is unknown; use one of {', '.join(SPLIT_METHODS)}"
+            )
+        for name in ("split_bucket", "parallel_infer", "super_sampling", "return_fragment", "streaming_mode",
+                     "fixed_length_chunk"):
+            if not isinstance(getattr(self, name), bool):
+                raise OptionsError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        self._int("batch_size", 1, 200)
+        self._int("top_k", 1, 1025)
+        self._int("sample_steps", 1, 256)
+        self._int("overlap_length", 1, 50)
+        self._int("min_chunk_length", 1, 1500)
+        self._number("batch_threshold", 0.0, 1.0)
+        self._number("top_p", 0.0, 1.0, low_open=True)
+        self._number("temperature", 0.0, 100.0)
+        self._number("repetition_penalty", 0.0, 100.0, low_open=True)
+        self._number("speed_factor", 0.1, 10.0)
+        self._number("fragment_interval", 0.0, 10.0)
+        if not _is_int(self.seed) or not -1 <= self.seed <= MAX_SEED:
+            raise OptionsError(f"seed must be -1 (random) or an integer in [0, {MAX_SEED}], got {self.seed!r}")
+        if self.early_stop_num is not None and (not _is_int(self.early_stop_num) or self.early_stop_num < 1):
+            raise OptionsError(f"early_stop_num must be a positive integer or None, got {self.early_stop_num!r}")
+
+    def _int(self, name: str, lo: int, hi: int) -> None:
+        v = getattr(self, name)
+        if not _is_int(v) or not lo <= v <= hi:
+            raise OptionsError(f"{name} must be an integer in [{lo}, {hi}], got {v!r}")
+
+    def _number(self, name: str, lo: float, hi: float, low_open: bool = False) -> None:
+        v = getattr(self, name)
+        ok = _is_number(v) and (lo < v if low_open else lo <= v) and v <= hi
+        if not ok:
+            raise OptionsError(f"{name} must be a number in {'(' if low_open else '['}{lo:g}, {hi:g}], got {v!r}")
+
+    def replace(self, **changes: Any) -> "SynthesisOptions":
+        """A copy with some fields changed (validated again); unknown names raise OptionsError."""
+        unknown = sorted(set(changes) - {f.name for f in fields(self)})
+        if unknown:
+            raise OptionsError(f"unknown synthesis option {unknown[0]!r}; known: {', '.join(option_names())}")
+        return replace(self, **changes)
+
+    @classmethod
+    def from_mapping(cls, values: dict[str, Any], ignore: tuple[str, ...] = ()) -> "SynthesisOptions":
+        """Build from a dict of official names (e.g. an api_v2 request); unknown keys raise OptionsError
+        unless listed in ``ignore``; None values keep the default."""
+        known = set(option_names())
+        picked = {}
+        for key, value in values.items():
+            if key in ignore or value is None:
+                continue
+            if key not in known:
+                raise OptionsError(f"unknown synthesis option {key!r}; known: {', '.join(sorted(known))}")
+            picked[key] = value
+        return cls(**picked)
+
+
+def option_names() -> tuple[str, ...]:
+    return tuple(f.name for f in fields(SynthesisOptions))
+
+
+# ---- mode resolution (spec §6.1, §9.2) ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SynthesisPlan:
+    """What a request will actually do once the official mode rules are applied."""
+
+    t2s_loop: str  # "batch" (parallel, left-padded), "naive" (one sentence at a time) or "stream"
+    streaming: bool  # token-chunk streaming of SoVITS audio (spec §6.6, §9.6)
+    return_fragment: bool  # sentences featurised lazily per batch (no bucketing, no punctuation collapse)
+    split_bucket: bool  # sort sentences into length buckets
+    parallel_infer: bool  # effective parallel flag (batched CFM for v3/v4)
+    super_sampling: bool  # effective (always False: AP-BWE is not bundled)
+    notes: tuple[str, ...] = field(default_factory=tuple)  # each flag override, in the official order
+
+
+def resolve_plan(options: SynthesisOptions, version: str) -> SynthesisPlan:
+    """Apply the official ``TTS.run`` mode rules for a model ``version`` and explain each override.
+
+    In order (spec §9.2): T2S loop selection; v3/v4 + streaming -> return_fragment; parallel +
+    streaming -> parallel off; return_fragment + streaming -> return_fragment off; streaming or
+    return_fragment -> no bucketing; speed_factor != 1 or (v3/v4 and parallel) -> no bucketing.
+    """
+    use_vocoder = version in VOCODER_VERSIONS
+    parallel, streaming, fragment = options.parallel_infer, options.streaming_mode, options.return_fragment
+    bucket = options.split_bucket
+    notes: list[str] = []
+    if parallel and not streaming:
+        loop = "batch"
+    elif not parallel and streaming and not use_vocoder:
+        loop = "stream"
+    elif streaming and use_vocoder:
+        notes.append(f"streaming_mode is not available for {version} models: returning whole sentences "
+                     "(return_fragment) instead")
+        streaming, fragment = False, True
+        loop = "batch" if parallel else "naive"
+    elif parallel and streaming:
+        notes.append("streaming_mode decodes one sentence at a time: parallel_infer turned off")
+        parallel = False
+        loop = "stream"
+    else:
+        loop = "naive"
+    if fragment and streaming:
+        notes.append("return_fragment does not combine with streaming_mode: return_fragment turned off")
+        fragment = False
+    if (fragment or streaming) and bucket:
+        notes.append("return_fragment/streaming_mode keep the sentence order: split_bucket turned off")
+        bucket = False
+    if bucket and options.speed_factor != 1.0:
+        notes.append("speed_factor != 1 decodes sentences one by one: split_bucket turned off")
+        bucket = False
+    elif bucket and use_vocoder and parallel:
+        notes.append(f"{version} with parallel_infer synthesises whole batches: split_bucket turned off")
+        bucket = False
+    sr = False
+    if options.super_sampling:
+        notes.append("super_sampling needs the AP-BWE model, which is not bundled: output keeps its rate"
+                     if version == "v3" else f"super_sampling applies to v3 only, not {version}: ignored")
+    return SynthesisPlan(t2s_loop=loop, streaming=streaming, return_fragment=fragment, split_bucket=bucket,
+                         parallel_infer=parallel, super_sampling=sr, notes=tuple(notes))
+
+
+# ---- engine settings ------------------------------------------------------------------------
+
+MIB = 1 << 20
+GIB = 1 << 30
+PRESSURE_ACTIONS = ("cpu", "wait", "refuse")
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """Bounds and policies of one running engine (the pool, the caches, the memory watermark)."""
+
+    reference_cache_entries: int = 64  # prepared references kept (LRU)
+    reference_cache_bytes: int = 512 * MIB  # and their total tensor bytes
+    model_pool_bytes: int = 12 * GIB  # parameter bytes of loaded models kept (LRU by weight file)
+    memory_watermark: float = 0.9  # fraction of device memory; above it caches shrink, then new work degrades
+    on_memory_pressure: str = "cpu"  # after shrinking: "cpu" (run on the CPU), "wait" or "refuse"
+    memory_wait_seconds: float = 30.0  # "wait": how long to wait for memory before refusing
+    weight_roots: tuple[str, ...] = ()  # folders weight files may come from; empty: any path
+    warmup: bool = False  # run a tiny synthesis when a model set is loaded
+    max_text_chars: int = 10_000  # longer request texts are refused
+
+    def __post_init__(self) -> None:
+        for name in ("reference_cache_entries", "reference_cache_bytes", "model_pool_bytes", "max_text_chars"):
+            v = getattr(self, name)
+            if not _is_int(v) or v < 0:
+                raise OptionsError(f"{name} must be a non-negative integer, got {v!r}")
+        if not _is_number(self.memory_watermark) or not 0.0 < self.memory_watermark <= 1.0:
+            raise OptionsError(f"memory_watermark must be a fraction in (0, 1], got {self.memory_watermark!r}")
+        if self.on_memory_pressure not in PRESSURE_ACTIONS:
+            raise OptionsError(f"on_memory_pressure must be one of {', '.join(PRESSURE_ACTIONS)}, "
+                               f"got {self.on_memory_pressure!r}")
+        if not _is_number(self.memory_wait_seconds) or self.memory_wait_seconds < 0:
+            raise OptionsError(f"memory_wait_seconds must be >= 0, got {self.memory_wait_seconds!r}")
+        if isinstance(self.weight_roots, str) or not all(isinstance(r, str) for r in self.weight_roots):
+            raise OptionsError("weight_roots must be a tuple of folder paths")

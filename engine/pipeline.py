@@ -1,0 +1,644 @@
+"""The synthesis pipeline: text + reference + options in, an iterator of audio results out.
+
+Two objects (STYLE.md rule 4):
+
+* :class:`VoiceCloner` — one model set. Responsibilities: (1) text processing and the preparation of
+  references (cached by content), (2) running the official ``TTS.run`` flow (spec §9.3) and
+  yielding one :class:`Result` per sentence, or per token chunk when streaming. Streaming and
+  whole-file synthesis share this one path: :func:`join` concatenates the results into exactly
+  the official whole-file output.
+* :class:`Studio` — one running engine. Responsibilities: (1) owns the model pool, the reference
+  cache and the memory guard, (2) serves requests that each name their own weights (never a
+  global model swap), degrading to the CPU or waiting when memory is short.
+
+Audio in results is float32 in [-1, 1] at ``Result.sample_rate``; ``Result.pcm16()`` gives the
+official int16 samples.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import math
+import os
+import random
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from engine.errors import CheckpointError, EngineError, OptionsError, ReferenceAudioError, TextError
+from engine.memory import MemoryGuard, MemoryReader, system_memory_reader
+from engine.model_pool import ModelPool, Models, WeightSet
+from engine.options import MAX_SEED, EngineSettings, SynthesisOptions, SynthesisPlan, resolve_plan
+from engine.reference import ReferenceRules, read_reference, reference_features
+from engine.reference_cache import ReferenceCache, ReferenceKey, sha256_bytes
+from engine.runtime import Runtime, resolve_runtime
+from engine.t2s_decoding import SamplingParams, StopRules, T2SDecoder, T2SInput, T2SOutput
+
+log = logging.getLogger(__name__)
+
+ProgressCallback = Callable[[int, int], None]  # (sentences done, sentences in total)
+MAX_REFERENCE_FILE_BYTES = 64 << 20  # a reference file larger than this is refused before reading
+STREAM_MIN_CHUNK = 10  # official: a non-first streaming chunk shorter than this gets extra overlap
+
+
+# ---- inputs and outputs ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Reference:
+    """The voice to clone: a clip (path or the file's bytes), its transcript and language.
+
+    An empty ``text`` means reference-free T2S (v1/v2/v2Pro* only). ``aux_audio`` are extra clips
+    whose style vectors are averaged with the main one (v1/v2/v2Pro*; ignored by v3/v4).
+    """
+
+    audio: str | os.PathLike | bytes
+    text: str = ""
+    language: str = ""
+    aux_audio: tuple[str | os.PathLike | bytes, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.audio, (str, os.PathLike, bytes)) or (isinstance(self.audio, str) and not self.audio):
+            raise ReferenceAudioError("ref_audio_path is required: give a reference clip (path or bytes)")
+        if not isinstance(self.text, str):
+            raise OptionsError(f"prompt_text must be a string, got {type(self.text).__name__}")
+        if self.text.strip() and not self.language:
+            raise OptionsError("prompt_lang is required when prompt_text is given")
+        if isinstance(self.aux_audio, (str, bytes)):
+            raise OptionsError("aux_ref_audio_paths must be a list of clips, not a single one")
+
+
+@dataclass(frozen=True)
+class PreparedReference:
+    """Everything a reference contributes to synthesis, on the model's device."""
+
+    specs: tuple[torch.Tensor, ...]  # (1, 1025, F) per clip, main first
+    sv: tuple[torch.Tensor, ...] | None  # (1, 20480) per clip (v2Pro*), else None
+    prompt_semantic: torch.Tensor | None  # (T,) int64; None when reference-free
+    prompt_phones: tuple[int, ...]  # phone ids of the transcript (empty when reference-free)
+    prompt_bert: torch.Tensor | None  # (1024, P) float32
+    prompt_norm_text: str
+    voice_prompt: object | None = None  # engine.vocoder_synthesis.VoicePrompt (v3/v4)
+
+
+@dataclass(frozen=True)
+class Result:
+    """One piece of output audio, in order.
+
+    Non-streaming: one result per sentence (its audio followed by the official ``fragment_interval``
+    silence). Streaming: one per token chunk, then the sentence's silence as its own result.
+    ``join`` of all results equals the official whole-file output.
+    """
+
+    audio: np.ndarray  # float32 (n,), |x| <= 1 (fragments louder than 1 are peak-normalised, as officially)
+    sample_rate: int  # 32000 (v1/v2/v2Pro*), 24000 (v3), 48000 (v4)
+    text: str  # normalised text of the sentence this audio belongs to
+    phones: tuple[int, ...]  # phone ids of that sentence (target text only)
+    index: int  # 0, 1, 2... in output order
+    sentence: int  # index of the sentence in the text
+    is_last: bool  # no result follows
+    seed: int  # the seed actually used (reproduces the request)
+    tokens: tuple[int, ...] = ()  # semantic tokens behind this audio (the whole sentence, or the chunk)
+    kind: str = "speech"  # "speech" or "silence" (a streaming sentence gap)
+
+    def pcm16(self) -> np.ndarray:
+        """The official int16 conversion ``x * 32768``, clipped (the official cast wraps a +1.0 sample)."""
+        return np.clip(self.audio * 32768.0, -32768, 32767).astype(np.int16)
+
+
+def join(results: Sequence[Result] | Iterator[Result]) -> tuple[int, np.ndarray]:
+    """Concatenate results into ``(sample_rate, float32 audio)``; the whole-file output."""
+    results = list(results)
+    if not results:
+        raise EngineError("no audio was produced")
+    rate = results[0].sample_rate
+    return rate, np.concatenate([r.audio for r in results]).astype(np.float32, copy=False)
+
+
+# ---- helpers (pure) -------------------------------------------------------------------------
+
+
+def bucket_batches(lengths: Sequence[int], batch_size: int, threshold: float, split_bucket: bool) -> list[list[int]]:
+    """The official ``to_batch`` grouping: sentence indices per batch (spec §9.3 step 3)."""
+    n = len(lengths)
+    if not split_bucket:
+        return [list(range(i, min(i + batch_size, n))) for i in range(0, n, batch_size)]
+    order = sorted(range(n), key=lambda i: lengths[i])  # stable, like the official list.sort
+    sorted_lens = np.array([lengths[i] for i in order], dtype=np.float32)
+    batches, pos = [], 0
+    while pos < n:
+        end = min(pos + batch_size, n)
+        while pos < end:
+            window = sorted_lens[pos:end]
+            score = window[(end - pos) // 2] / (window.mean() + 1e-8)
+            if score >= threshold or end - pos == 1:
+                batches.append(order[pos:end])
+                pos = end
+                break
+            end -= 1
+    return batches
+
+
+def postprocess(audio: torch.Tensor) -> np.ndarray:
+    """Official ``audio_postprocess`` per fragment: divide by the peak when it exceeds 1; -> float32 numpy."""
+    x = audio.detach().float().cpu()
+    peak = x.abs().max() if x.numel() else torch.tensor(0.0)
+    if peak > 1:
+        x = x / peak
+    return x.numpy()
+
+
+def silence(seconds: float, rate: int) -> np.ndarray:
+    return np.zeros(int(rate * seconds), dtype=np.float32)
+
+
+def _read_clip_bytes(source: str | os.PathLike | bytes, what: str) -> bytes:
+    if isinstance(source, bytes):
+        if not source:
+            raise ReferenceAudioError(f"{what} is empty (0 bytes)")
+        return source
+    path = Path(source)
+    if not path.is_file():
+        raise ReferenceAudioError(f"{what} not found: {path}")
+    size = path.stat().st_size
+    if size > MAX_REFERENCE_FILE_BYTES:
+        raise ReferenceAudioError(f"{what} {path} is {size >> 20} MiB; references are short clips (3-10 s)")
+    return path.read_bytes()
+
+
+def _sola_pair(f1: torch.Tensor, f2: torch.Tensor, overlap: int, search: int = 320) -> torch.Tensor:
+    """Official ``sola_algorithm`` on two fragments, including its in-place write into ``f2`` when it is
+    already float32 (``.float()`` then returns the same tensor), which the next streaming chunk sees."""
+    import torch.nn.functional as F
+
+    a, b = f1.float(), f2.float()
+    w1, w2 = a[-overlap:], b[: overlap + search]
+    corr = F.conv1d(w2.view(1, 1, -1), w1.view(1, 1, -1)).view(-1)
+    den = F.conv1d(w2.view(1, 1, -1) ** 2, torch.ones_like(w1).view(1, 1, -1)).view(-1) + 1e-8
+    lag = int((corr / den.sqrt()).argmax())
+    tail = b[lag:]
+    window = torch.hann_window(overlap * 2, device=a.device, dtype=a.dtype)
+    tail[:overlap] = window[:overlap] * tail[:overlap] + window[overlap:] * a[-overlap:]
+    return torch.cat([a[:-overlap], tail]).to(f1.dtype)
+
+
+@dataclass(frozen=True)
+class _Sentence:
+    index: int
+    phones: tuple[int, ...]
+    bert: torch.Tensor  # (1024, P) float32
+    norm_text: str
+
+
+# ---- the pipeline ---------------------------------------------------------------------------
+
+
+class VoiceCloner:
+    """Clones a voice with one loaded model set.
+
+    Responsibilities: (1) text processing and reference preparation (through a content-keyed,
+    bounded cache it owns or is given), (2) the official synthesis flow, yielding results in order.
+    Thread-safe: requests share the models read-only; each gets its own decoder and RNG.
+    """
+
+    def __init__(self, models: Models, cache: ReferenceCache | None = None,
+                 reference_rules: ReferenceRules = ReferenceRules(), max_text_chars: int = 10_000) -> None:
+        from engine.text.frontend import TextFrontend
+
+        self.models = models
+        self.cache = cache if cache is not None else ReferenceCache(max_entries=8)
+        self.reference_rules = reference_rules
+        self.max_text_chars = max_text_chars
+        self.frontend = TextFrontend("v1" if models.version == "v1" else "v2", bert=models.bert)
+
+    # ---- references --------------------------------------------------------------------
+    def prepare(self, reference: Reference) -> PreparedReference:
+        """The prepared reference (from the cache when the same clip/transcript/model was seen)."""
+        return self._prepare(reference)[0]
+
+    def _prepare(self, reference: Reference) -> tuple[PreparedReference, bool]:
+        if not isinstance(reference, Reference):
+            raise OptionsError(f"reference must be a Reference, got {type(reference).__name__}")
+        prompt_text = self._prompt_text(reference)
+        if not prompt_text and self.models.uses_vocoder:
+            raise OptionsError(f"prompt_text is required for {self.models.version} models (no reference-free mode)")
+        if prompt_text:
+            self.frontend.check_language(reference.language)
+        main = _read_clip_bytes(reference.audio, "ref_audio_path")
+        aux = tuple(_read_clip_bytes(a, f"aux_ref_audio_paths[{i}]") for i, a in enumerate(reference.aux_audio))
+        key = ReferenceKey(sha256_bytes(main), prompt_text, reference.language if prompt_text else "",
+                           self.models.id, tuple(sha256_bytes(a) for a in aux))
+        return self.cache.get_or_create(key, lambda: self._build_reference(main, aux, prompt_text, reference.language))
+
+    @staticmethod
+    def _prompt_text(reference: Reference) -> str:
+        """Official prompt handling: strip newlines, end with "。" ("." for English) unless a split mark ends it."""
+        from engine.text.segment import splits
+
+        text = reference.text.strip("\n")
+        if not text.strip():
+            return ""
+        if text[-1] not in splits():
+            text += "." if reference.language == "en" else "。"
+        return text
+
+    @torch.no_grad()
+    def _build_reference(self, main: bytes, aux: tuple[bytes, ...], prompt_text: str, lang: str) -> PreparedReference:
+        m = self.models
+        dev = m.device
+        clip = read_reference(io.BytesIO(main), self.reference_rules)
+        feats = reference_features(clip, m.sovits, m.ssl, m.sv, with_prompt=bool(prompt_text),
+                                   sovits_sample_rate=m.sovits_sample_rate)
+        specs, svs = [feats.spec], [feats.sv_embedding]
+        if not m.uses_vocoder:
+            for i, data in enumerate(aux):
+                try:
+                    aux_clip = read_reference(io.BytesIO(data), self.reference_rules)
+                except ReferenceAudioError as e:
+                    raise ReferenceAudioError(f"aux_ref_audio_paths[{i}]: {e}") from e
+                f = reference_features(aux_clip, m.sovits, None, m.sv, with_prompt=False,
+                                       sovits_sample_rate=m.sovits_sample_rate)
+                specs.append(f.spec)
+                svs.append(f.sv_embedding)
+        phones: tuple[int, ...] = ()
+        bert = None
+        norm = ""
+        if prompt_text:
+            tf = self.frontend.phones_and_bert(prompt_text, lang)
+            phones, norm = tf.phone_ids, tf.norm_text
+            bert = self._bert_features(tf).to(dev)
+        voice_prompt = None
+        sem = feats.prompt_semantic.to(dev) if feats.prompt_semantic is not None else None
+        if m.uses_vocoder:
+            from engine.vocoder_synthesis import prepare_prompt
+
+            audio = torch.from_numpy(clip.audio).unsqueeze(0)  # (1, n) at the clip's rate
+            voice_prompt = prepare_prompt(m.sovits, sem, torch.tensor(phones, device=dev), feats.spec.to(dev),
+                                          audio, clip.sample_rate)
+        dtype = next(m.sovits.parameters()).dtype
+        return PreparedReference(
+            specs=tuple(s.to(dev, dtype) for s in specs),
+            sv=tuple(s.to(dev) for s in svs) if m.sv is not None else None,
+            prompt_semantic=sem, prompt_phones=phones, prompt_bert=bert, prompt_norm_text=norm,
+            voice_prompt=voice_prompt,
+        )
+
+    # ---- text --------------------------------------------------------------------------
+    def _check_text(self, text: str, text_lang: str) -> None:
+        if not isinstance(text, str):
+            raise TextError(f"text must be a string, got {type(text).__name__}")
+        if not text.strip():
+            raise TextError("text is empty: enter something to read")
+        if len(text) > self.max_text_chars:
+            raise TextError(f"text is {len(text)} characters long; at most {self.max_text_chars} are accepted "
+                            "per request (split it)")
+        if not isinstance(text_lang, str):
+            raise OptionsError("text_lang must be a language code string")
+        self.frontend.check_language(text_lang)
+
+    def split(self, text: str, text_lang: str, options: SynthesisOptions = SynthesisOptions()) -> list[str]:
+        """The sentences the text is cut into for these options (official non-streaming/streaming rules)."""
+        from engine.text.segment import pre_seg_text
+
+        plan = resolve_plan(options, self.models.version)
+        if plan.return_fragment or plan.streaming:
+            return pre_seg_text(text, text_lang, options.text_split_method)
+        return self.frontend.sentences(text, text_lang, options.text_split_method)
+
+    def _features(self, index: int, sentence: str, lang: str) -> _Sentence | None:
+        try:
+            tf = self.frontend.phones_and_bert(sentence, lang)
+        except TextError as e:
+            log.info("sentence %d skipped: %s", index, e)
+            return None
+        if not tf.phone_ids or not tf.norm_text:
+            return None
+        return _Sentence(index, tuple(tf.phone_ids), self._bert_features(tf), tf.norm_text)
+
+    def _bert_features(self, tf) -> torch.Tensor:
+        """(bert_dim, P) float32 for the T2S model. All-zero features (every non-Mandarin segment) are
+        made at the GPT's width, so a BERT of another width only matters when it is really used."""
+        width = self.models.t2s.bert_proj.in_features
+        n = len(tf.phone_ids)
+        if tf.bert is None or (tf.bert.shape[0] != width and not bool(tf.bert.any())):
+            return torch.zeros(width, n)
+        if tf.bert.shape[0] != width:
+            raise CheckpointError(f"the BERT model gives {tf.bert.shape[0]}-wide features but the GPT weights "
+                                  f"expect {width} (bert_base_path and the GPT model do not belong together)")
+        return tf.bert.float()
+
+    # ---- synthesis ---------------------------------------------------------------------
+    def __call__(self, text: str, text_lang: str, reference: Reference,
+                 options: SynthesisOptions = SynthesisOptions(),
+                 on_progress: ProgressCallback | None = None) -> Iterator[Result]:
+        """Synthesise ``text`` (language ``text_lang``) in the voice of ``reference``.
+
+        Validation (text, language, reference, options) happens before the first result. Yields
+        :class:`Result` objects in order; the last has ``is_last=True``.
+        """
+        if not isinstance(options, SynthesisOptions):
+            raise OptionsError(f"options must be SynthesisOptions, got {type(options).__name__}")
+        self._check_text(text, text_lang)
+        plan = resolve_plan(options, self.models.version)
+        for note in plan.notes:
+            log.info("synthesis mode: %s", note)
+        prepared, hit = self._prepare(reference)
+        log.debug("reference %s", "from cache" if hit else "prepared")
+        sentences = self.split(text, text_lang, options)
+        if not sentences:
+            raise TextError("text has nothing to say: it holds only punctuation or blanks")
+        seed = options.seed if options.seed != -1 else random.randrange(0, MAX_SEED + 1)
+        return self._run(sentences, text_lang, prepared, options, plan, seed, on_progress)
+
+    def _run(self, texts: list[str], lang: str, ref: PreparedReference, opts: SynthesisOptions, plan: SynthesisPlan,
+             seed: int, on_progress: ProgressCallback | None) -> Iterator[Result]:
+        m = self.models
+        gen = torch.Generator(device=m.device).manual_seed(seed)
+        decoder = T2SDecoder(m.t2s, generator=gen)
+        params = SamplingParams(top_k=opts.top_k, top_p=float(opts.top_p), temperature=float(opts.temperature),
+                                repetition_penalty=float(opts.repetition_penalty))
+        rules = StopRules(early_stop_num=opts.early_stop_num if opts.early_stop_num is not None else m.early_stop_num)
+        total = len(texts)
+        lazy = plan.return_fragment or plan.streaming
+        if lazy:
+            groups = [list(range(i, min(i + opts.batch_size, total))) for i in range(0, total, opts.batch_size)]
+            batches_of = ((g, [s for i in g if (s := self._features(i, texts[i], lang)) is not None]) for g in groups)
+        else:
+            feats = [s for i, t in enumerate(texts) if (s := self._features(i, t, lang)) is not None]
+            if not feats:
+                raise TextError("no sentence of the text could be read (no phones): check the text and text_lang")
+            by_pos = bucket_batches([len(s.norm_text) for s in feats], opts.batch_size, opts.batch_threshold,
+                                    plan.split_bucket)
+            batches_of = ((b, [feats[j] for j in b]) for b in by_pos)
+        # lazy batches arrive in text order; bucketed ones are released in the original order
+        order = [s.index for s in feats] if not lazy else []
+        state = {"index": 0, "done": 0}
+        pending: dict[int, list[Result]] = {}
+        next_pos = 0  # position in `order` of the next sentence to release
+
+        def make(audio: np.ndarray, s: _Sentence, tokens: tuple[int, ...], kind: str = "speech") -> Result:
+            r = Result(audio=audio, sample_rate=m.output_sample_rate, text=s.norm_text, phones=s.phones,
+                       index=0, sentence=s.index, is_last=False, seed=seed, tokens=tokens, kind=kind)
+            return r
+
+        def release(r: Result, last: bool) -> Result:
+            from dataclasses import replace
+
+            out = replace(r, index=state["index"], is_last=last)
+            state["index"] += 1
+            return out
+
+        # Results are produced per sentence; to mark the very last one we hold back one result.
+        held: list[Result] = []
+
+        def push(rs: list[Result]) -> Iterator[Result]:
+            for r in rs:
+                if held:
+                    yield release(held.pop(), False)
+                held.append(r)
+
+        try:
+            for _, items in batches_of:
+                if not items:
+                    continue
+                if plan.streaming:
+                    for s in items:
+                        yield from push(self._stream_sentence(s, ref, opts, decoder, params, rules, gen, make))
+                        state["done"] += 1
+                        if on_progress:
+                            on_progress(state["done"], total)
+                    continue
+                outs = self._decode_batch(items, ref, plan, decoder, params, rules)
+                audios = self._acoustic(items, outs, ref, opts, plan, gen)
+                gap = silence(opts.fragment_interval, m.sovits_sample_rate)  # official quirk: SoVITS rate
+                for s, out, audio in zip(items, outs, audios):
+                    a = postprocess(audio)
+                    pending[s.index] = [make(np.concatenate([a, gap]) if gap.size else a, s,
+                                             tuple(int(t) for t in out.tokens.tolist()))]
+                state["done"] += len(items)
+                if on_progress:
+                    on_progress(state["done"], total)
+                if lazy:  # batches come in text order
+                    for s in items:
+                        yield from push(pending.pop(s.index))
+                while next_pos < len(order) and order[next_pos] in pending:  # original sentence order
+                    yield from push(pending.pop(order[next_pos]))
+                    next_pos += 1
+            for idx in sorted(pending):
+                yield from push(pending.pop(idx))
+            if not held:
+                raise TextError("no sentence of the text could be read (no phones): check the text and text_lang")
+            yield release(held.pop(), True)
+        finally:
+            held.clear()
+            pending.clear()
+
+    # ---- stages ------------------------------------------------------------------------
+    def _t2s_input(self, s: _Sentence, ref: PreparedReference) -> T2SInput:
+        dev = self.models.device
+        if ref.prompt_semantic is not None:
+            phones = torch.tensor(ref.prompt_phones + s.phones, dtype=torch.long, device=dev)
+            bert = torch.cat([ref.prompt_bert, s.bert.to(dev)], dim=1)
+        else:
+            phones = torch.tensor(s.phones, dtype=torch.long, device=dev)
+            bert = s.bert.to(dev)
+        return T2SInput(phones, bert)
+
+    def _decode_batch(self, items: list[_Sentence], ref: PreparedReference, plan: SynthesisPlan,
+                      decoder: T2SDecoder, params: SamplingParams, rules: StopRules) -> list[T2SOutput]:
+        inputs = [self._t2s_input(s, ref) for s in items]
+        if plan.t2s_loop == "batch":
+            return decoder.decode_batch(inputs, ref.prompt_semantic, params, rules)
+        return [decoder.decode_naive(x, ref.prompt_semantic, params, rules) for x in inputs]
+
+    @torch.no_grad()
+    def _acoustic(self, items: list[_Sentence], outs: list[T2SOutput], ref: PreparedReference,
+                  opts: SynthesisOptions, plan: SynthesisPlan, gen: torch.Generator) -> list[torch.Tensor]:
+        m = self.models
+        dev = m.device
+        phones = [torch.tensor(s.phones, dtype=torch.long, device=dev) for s in items]
+        if m.uses_vocoder:
+            from engine.models.cfm import gaussian_noise
+            from engine.vocoder_synthesis import synthesize_batched, synthesize_sequential
+
+            voc_dtype = next(m.vocoder.parameters()).dtype
+
+            def vocoder(mel: torch.Tensor) -> torch.Tensor:
+                return m.vocoder(mel.to(voc_dtype))
+
+            noise = gaussian_noise(gen)
+            if plan.parallel_infer:
+                pieces, _ = synthesize_batched(m.sovits, vocoder, ref.voice_prompt,
+                                               [(o.tokens, p) for o, p in zip(outs, phones)],
+                                               speed=opts.speed_factor, sample_steps=opts.sample_steps, noise=noise)
+                return pieces
+            return [synthesize_sequential(m.sovits, vocoder, ref.voice_prompt, o.tokens, p, speed=opts.speed_factor,
+                                          sample_steps=opts.sample_steps, noise=noise)[0]
+                    for o, p in zip(outs, phones)]
+        sv = list(ref.sv) if ref.sv is not None else None
+        if opts.speed_factor == 1.0:
+            # official: the whole batch in one decode (MRTE sees every sentence), cut at token boundaries
+            up = math.prod(m.sovits.dims.upsample_rates) * (2 if m.sovits.dims.semantic_frame_rate == "25hz" else 1)
+            codes = torch.cat([o.tokens for o in outs]).view(1, 1, -1).to(dev)
+            wav = m.sovits.decode(codes, torch.cat(phones).unsqueeze(0), list(ref.specs), speed=1.0, sv_emb=sv,
+                                  generator=gen)[0, 0]
+            ends = np.cumsum([0] + [o.tokens.shape[0] * up for o in outs])
+            return [wav[ends[i]:ends[i + 1]] for i in range(len(outs))]
+        return [m.sovits.decode(o.tokens.view(1, 1, -1).to(dev), p.unsqueeze(0), list(ref.specs),
+                                speed=opts.speed_factor, sv_emb=sv, generator=gen)[0, 0]
+                for o, p in zip(outs, phones)]
+
+    @torch.no_grad()
+    def _stream_sentence(self, s: _Sentence, ref: PreparedReference, opts: SynthesisOptions, decoder: T2SDecoder,
+                         params: SamplingParams, rules: StopRules, gen: torch.Generator, make) -> Iterator[Result]:
+        """Official token-chunk streaming of one sentence (spec §9.6): chunks at mute tokens, decode the
+        newest frames cross-faded with the previous latent, SOLA-join the audio."""
+        from engine.sovits_streaming import chunk_tokens, decode_streaming
+
+        m = self.models
+        dev = m.device
+        frames_per_token = 2 if m.sovits.dims.semantic_frame_rate == "25hz" else 1
+        up = math.prod(m.sovits.dims.upsample_rates) * (frames_per_token / opts.speed_factor)
+        overlap_size = math.ceil(opts.overlap_length * up)
+        phones = torch.tensor(s.phones, dtype=torch.long, device=dev).unsqueeze(0)
+        steps = decoder.naive_steps(self._t2s_input(s, ref), ref.prompt_semantic, params, rules)
+        sim = None if opts.fixed_length_chunk else m.mute_similarity
+        sv = list(ref.sv) if ref.sv is not None else None
+        previous: list[int] = []
+        last_audio = last_latent = None
+        first = True
+        for toks, final in chunk_tokens(steps, opts.min_chunk_length, sim):
+            if toks is None:
+                if last_audio is not None:
+                    yield make(postprocess(last_audio[-overlap_size:]), s, ())
+                break
+            previous.extend(toks)
+            n = len(toks)
+            ov = opts.overlap_length + (STREAM_MIN_CHUNK - n) if (not first and n < STREAM_MIN_CHUNK) else opts.overlap_length
+            codes = torch.tensor(previous, dtype=torch.long, device=dev).view(1, 1, -1)
+            audio, latent = decode_streaming(
+                m.sovits, codes, phones, list(ref.specs), sv, speed=opts.speed_factor,
+                result_length=None if first else n + ov,
+                overlap_frames=None if last_latent is None else last_latent[:, :, -ov * frames_per_token:],
+                generator=gen)
+            audio = audio[0, 0]
+            if ov > opts.overlap_length:
+                audio = audio[-int((opts.overlap_length + n) * up):]
+            out = audio
+            if first:
+                first = False
+                if not final:
+                    out = out[:-overlap_size]
+            elif not final:
+                joined = _sola_pair(last_audio, out, overlap_size)
+                out = joined[last_audio.shape[0] - overlap_size: -overlap_size]
+            last_latent, last_audio = latent, audio
+            yield make(postprocess(out), s, tuple(toks))
+        gap = silence(opts.fragment_interval, m.output_sample_rate)
+        if gap.size:
+            yield make(gap, s, (), kind="silence")
+
+
+# ---- the engine -----------------------------------------------------------------------------
+
+
+class Studio:
+    """One running engine: a model pool, a reference cache and a memory guard, shared by all requests.
+
+    Responsibilities: (1) owns the bounded caches and the watermark policy, (2) builds a
+    :class:`VoiceCloner` for the weights each request names (default: the configured ones).
+    """
+
+    def __init__(self, weights: WeightSet, runtime: Runtime, settings: EngineSettings = EngineSettings(),
+                 reference_rules: ReferenceRules = ReferenceRules(), pool: ModelPool | None = None,
+                 memory_reader: MemoryReader = system_memory_reader) -> None:
+        self.settings = settings
+        self.runtime = runtime
+        self.reference_rules = reference_rules
+        self.pool = pool if pool is not None else ModelPool(settings.model_pool_bytes, settings.weight_roots)
+        self.references: ReferenceCache[PreparedReference] = ReferenceCache(
+            settings.reference_cache_entries, settings.reference_cache_bytes)
+        self.memory = MemoryGuard(settings, memory_reader)
+        self.memory.add_shrinker("reference cache", self.references.shrink)
+        self.memory.add_shrinker("model pool", self.pool.shrink)
+        self._defaults = weights
+        self._lock = threading.Lock()
+        self._warmed: set[str] = set()
+
+    @classmethod
+    def from_config(cls, config, device: str | None = None, precision: str | None = None,
+                    settings: EngineSettings = EngineSettings(), **kwargs) -> "Studio":
+        """From a ``tts_infer.yaml`` path or ``InferConfig``; ``device``/``precision`` override its section."""
+        from engine.config import InferConfig, load_config
+        from engine.runtime import runtime_from_official
+
+        cfg = config if isinstance(config, InferConfig) else load_config(config)
+        if device is None and precision is None:
+            runtime = runtime_from_official(cfg.active.device, cfg.active.is_half)
+        else:
+            runtime = resolve_runtime(device or cfg.active.device, precision or ("fp16" if cfg.active.is_half else "fp32"))
+        return cls(WeightSet.from_config(cfg), runtime, settings, **kwargs)
+
+    @property
+    def default_weights(self) -> WeightSet:
+        return self._defaults
+
+    def set_default_weights(self, gpt: str | os.PathLike | None = None, sovits: str | os.PathLike | None = None) -> Models:
+        """Change the weights used by requests that name none (api_v2 ``set_*_weights``); loads them first,
+        so a bad path changes nothing. Requests already running keep their models."""
+        weights = self._defaults.replace(gpt=gpt, sovits=sovits)
+        models = self.pool.models(weights, self.runtime)
+        with self._lock:
+            self._defaults = weights
+        return models
+
+    def cloner(self, gpt: str | os.PathLike | None = None, sovits: str | os.PathLike | None = None,
+               runtime: Runtime | None = None) -> VoiceCloner:
+        """A VoiceCloner for these weights (defaults where None), loading them if needed."""
+        weights = self._defaults.replace(gpt=gpt, sovits=sovits)
+        models = self.pool.models(weights, runtime or self.runtime)
+        cloner = VoiceCloner(models, self.references, self.reference_rules, self.settings.max_text_chars)
+        if self.settings.warmup and models.id not in self._warmed:
+            warm_up(models)
+            self._warmed.add(models.id)
+        return cloner
+
+    def synthesize(self, text: str, text_lang: str, reference: Reference,
+                   options: SynthesisOptions = SynthesisOptions(), gpt: str | os.PathLike | None = None,
+                   sovits: str | os.PathLike | None = None,
+                   on_progress: ProgressCallback | None = None) -> Iterator[Result]:
+        """Admit the request under the memory watermark, then run it; validation errors come before any
+        result. The returned iterator frees its per-request state when exhausted or closed."""
+        admission = self.memory.admit(str(self.runtime.device))
+        runtime = self.runtime if admission.device == str(self.runtime.device) else resolve_runtime("cpu", "fp32")
+        cloner = self.cloner(gpt, sovits, runtime)
+        return _freeing(cloner(text, text_lang, reference, options, on_progress), runtime)
+
+
+def _freeing(results: Iterator[Result], runtime: Runtime) -> Iterator[Result]:
+    try:
+        yield from results
+    finally:
+        if runtime.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+@torch.no_grad()
+def warm_up(models: Models) -> None:
+    """Run each network once on tiny inputs (first-call kernel selection, allocator growth)."""
+    dev = models.device
+    decoder = T2SDecoder(models.t2s, generator=torch.Generator(device=dev).manual_seed(0))
+    phones = torch.zeros(8, dtype=torch.long, device=dev)
+    out = decoder.decode_naive(T2SInput(phones, torch.zeros(1024, 8, device=dev)),
+                               torch.zeros(8, dtype=torch.long, device=dev), SamplingParams(),
+                               StopRules(early_stop_num=4, min_steps=0))
+    if not models.uses_vocoder:
+        spec = torch.zeros(1, 1025, 32, device=dev, dtype=next(models.sovits.parameters()).dtype)
+        sv = [torch.zeros(1, models.sovits.dims.sv_dim, device=dev)] if models.sv is not None else None
+        models.sovits.decode(out.tokens.view(1, 1, -1), phones.unsqueeze(0), [spec], sv_emb=sv)
+    log.info("warmed up %s", models.id)
