@@ -162,3 +162,15 @@ def test_hour_long_file_is_refused_without_decoding_it(tmp_path: Path) -> None:
         tracemalloc.stop()
     assert audio.num_frames == 5 * 8000 and audio.total_frames == 3600 * 8000
     assert peak < 5_000_000, f"decoding used {peak} bytes"
+
+
+def test_reads_file_objects(tmp_path: Path) -> None:
+    import io
+
+    buf = io.BytesIO()
+    sf.write(buf, _tone(16000, 0.5), 16000, format="WAV", subtype="PCM_16")
+    buf.seek(0)
+    audio = read_audio(buf)
+    assert audio.sample_rate == 16000 and audio.num_frames == 8000
+    with pytest.raises(ReferenceAudioError, match="uploaded audio"):
+        read_audio(io.BytesIO(b"garbage" * 10))
