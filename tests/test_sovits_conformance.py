@@ -138,7 +138,7 @@ def test_decode_runs(folder: Path) -> None:
 
 @pytest.mark.parametrize("folder", FOLDERS)
 def test_decode_noise_is_drawn_when_not_given(folder: Path) -> None:
-    _, loaded, inputs, expected, meta = _load(folder)
+    _, loaded, inputs, expected, _ = _load(folder)
     model = loaded.module
     sv = [inputs["sv_emb0"]] if model.dims.is_pro else None
     args = (inputs["decode_codes"], inputs["decode_phones"], [expected["ref0_spec"]])
