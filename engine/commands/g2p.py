@@ -37,18 +37,14 @@ def _result(features) -> dict:
 def run(args: argparse.Namespace) -> int:
     import logging
 
-    from engine.text.chinese import ChineseG2P
+    from engine.text.chinese import make_g2p
     from engine.text.frontend import TextFrontend
 
     import jieba  # noqa: F401  (jieba sets its logger to DEBUG when imported; quiet it afterwards)
 
     logging.getLogger("jieba").setLevel(logging.ERROR)  # no dictionary-loading chatter on stderr
     text = args.text if args.text is not None else sys.stdin.read()
-    zh_g2p = None
-    if args.g2pw:
-        from engine.text.chinese.g2pw import G2PWConverter
-
-        zh_g2p = ChineseG2P(erhua=args.version != "v1", g2pw=G2PWConverter.from_folder(args.g2pw, args.bert))
+    zh_g2p = make_g2p(args.version, args.g2pw, args.bert, require_g2pw=True) if args.g2pw else None
     frontend = TextFrontend(args.version, zh_g2p=zh_g2p)
     if args.sentences:
         out = [_result(frontend.phones_and_bert(s, args.lang, with_bert=False))

@@ -62,10 +62,9 @@ def make_vocab(size: int | None = None) -> list[str]:
     return vocab
 
 
-def write_roberta_folder(folder: str | Path, full_size: bool = False, seed: int = 0) -> Path:
-    """Write config.json, tokenizer files and random fp16 `pytorch_model.bin` weights; returns the folder."""
-    import torch
-    from transformers import BertConfig, BertForMaskedLM, BertTokenizerFast
+def write_tokenizer_files(folder: str | Path, full_size: bool = False) -> Path:
+    """Only the tokenizer part of the folder (vocab.txt, tokenizer.json, ...) and config.json: enough for G2PW."""
+    from transformers import BertTokenizerFast
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -76,6 +75,16 @@ def write_roberta_folder(folder: str | Path, full_size: bool = False, seed: int 
     (folder / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
     (folder / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
     BertTokenizerFast(vocab_file=str(folder / "vocab.txt"), do_lower_case=True).save_pretrained(str(folder))
+    return folder
+
+
+def write_roberta_folder(folder: str | Path, full_size: bool = False, seed: int = 0) -> Path:
+    """Write config.json, tokenizer files and random fp16 `pytorch_model.bin` weights; returns the folder."""
+    import torch
+    from transformers import BertConfig, BertForMaskedLM
+
+    folder = write_tokenizer_files(folder, full_size)
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
 
     torch.manual_seed(seed)
     model = BertForMaskedLM(BertConfig(**config)).eval()

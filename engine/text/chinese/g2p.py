@@ -152,6 +152,8 @@ class ChineseG2P:
 def _split_pinyins(pinyins: Sequence[str]) -> tuple[list[str], list[str]]:
     initials, finals = [], []
     for p in pinyins:
+        if not p:
+            raise TextError("G2PW gave no reading for a character (its label has no pinyin mapping)")
         if p[:1].isalpha():
             initials.append(to_initials(p))
             finals.append(to_finals_tone3(p, neutral_tone_with_five=True))
