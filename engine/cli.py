@@ -11,6 +11,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "inspect": ("engine.commands.inspect", "describe a GPT-SoVITS weight file or folder"),
     "make-test-weights": ("engine.commands.make_test_weights", "write a random model set in the official formats"),
     "g2p": ("engine.commands.g2p", "print the phones, ids, word2ph and normalised text for a text"),
+    "synth": ("engine.commands.synth", "clone a voice: text + reference clip -> wav"),
     "download": ("engine.commands.download", "fetch the official pretrained weights into the official layout"),
     "export-coreml": ("engine.commands.export_coreml", "convert a vocoder (bigvgan, v4, v2) to a Core ML package"),
 }

@@ -30,7 +30,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from engine.errors import CheckpointError, EngineError, OptionsError, ReferenceAudioError, TextError
+from engine.errors import (CheckpointError, EngineError, OptionsError, ReferenceAudioError, TextError,
+                           UnsupportedLanguageError)
 from engine.memory import MemoryGuard, MemoryReader, system_memory_reader
 from engine.model_pool import ModelPool, Models, WeightSet
 from engine.options import MAX_SEED, EngineSettings, SynthesisOptions, SynthesisPlan, resolve_plan
@@ -228,7 +229,7 @@ class VoiceCloner:
         if not prompt_text and self.models.uses_vocoder:
             raise OptionsError(f"prompt_text is required for {self.models.version} models (no reference-free mode)")
         if prompt_text:
-            self.frontend.check_language(reference.language)
+            self._check_language(reference.language, "prompt_lang")
         main = _read_clip_bytes(reference.audio, "ref_audio_path")
         aux = tuple(_read_clip_bytes(a, f"aux_ref_audio_paths[{i}]") for i, a in enumerate(reference.aux_audio))
         key = ReferenceKey(sha256_bytes(main), prompt_text, reference.language if prompt_text else "",
@@ -289,6 +290,12 @@ class VoiceCloner:
         )
 
     # ---- text --------------------------------------------------------------------------
+    def _check_language(self, code: str, name: str) -> None:
+        try:
+            self.frontend.check_language(code)
+        except UnsupportedLanguageError as e:
+            raise UnsupportedLanguageError(f"{name}: {e}") from e
+
     def _check_text(self, text: str, text_lang: str) -> None:
         if not isinstance(text, str):
             raise TextError(f"text must be a string, got {type(text).__name__}")
@@ -299,7 +306,7 @@ class VoiceCloner:
                             "per request (split it)")
         if not isinstance(text_lang, str):
             raise OptionsError("text_lang must be a language code string")
-        self.frontend.check_language(text_lang)
+        self._check_language(text_lang, "text_lang")
 
     def split(self, text: str, text_lang: str, options: SynthesisOptions = SynthesisOptions()) -> list[str]:
         """The sentences the text is cut into for these options (official non-streaming/streaming rules)."""
