@@ -94,6 +94,15 @@ def test_prosody_marks_from_labels():
     assert japanese.prosody_phones(labels) == ["^", "a", "[", "a", "]", "a", "$"]
 
 
+def test_user_dictionary(tmp_path):
+    # one entry in OpenJTalk's user-dictionary CSV format (the official ja_userdic/userdict.csv layout)
+    csv = tmp_path / "userdict.csv"
+    csv.write_text("主殿,,,1,名詞,一般,*,*,*,*,主殿,トノ,トノ,1/2,*\n", encoding="utf-8")
+    plain = japanese.JapaneseG2p()("主殿です")
+    custom = japanese.JapaneseG2p(csv)("主殿です")
+    assert custom[:4] == ["t", "o", "]", "n"] and plain != custom
+
+
 def test_marks_are_kept_and_mapped():
     phones, _ = japanese.g2p("はい、そう。ええ！")
     assert phones.count(",") == 1 and phones.count(".") == 1 and phones[-1] == "!"

@@ -17,8 +17,9 @@ OpenJTalk comes from the ``pyopenjtalk`` module, whichever package provides it:
   ``OPEN_JTALK_DICT_DIR`` set to a copy of pyopenjtalk-plus's ``pyopenjtalk/dictionary`` folder it
   reproduces all 12 fixture sentences. We refuse to let it download a dictionary.
 
-An official install may also load a user dictionary (``ja_userdic/userdict.csv``); pass
-``user_dict_csv`` to :class:`JapaneseG2p` to do the same.
+An official install also loads a user dictionary (``GPT_SoVITS/text/ja_userdic/userdict.csv``) when
+it exists; the shared :func:`default_g2p` does the same from ``$SOVITS_OFFICIAL_TEXT_DIR`` (the variable
+the English frontend reads), and :class:`JapaneseG2p` takes any ``user_dict_csv``.
 """
 
 from __future__ import annotations
@@ -154,11 +155,15 @@ _DEFAULT_LOCK = threading.Lock()
 
 @lru_cache(maxsize=1)
 def _default_g2p() -> JapaneseG2p:
-    return JapaneseG2p()
+    from engine.text.english import OFFICIAL_TEXT_DIR_ENV
+
+    text_dir = os.environ.get(OFFICIAL_TEXT_DIR_ENV)
+    user_dict = Path(text_dir) / "ja_userdic" / "userdict.csv" if text_dir else None
+    return JapaneseG2p(user_dict if user_dict is not None and user_dict.is_file() else None)
 
 
 def default_g2p() -> JapaneseG2p:
-    """The shared Japanese g2p (built on first use)."""
+    """The shared Japanese g2p (built on first use, with the official user dictionary when one is found)."""
     with _DEFAULT_LOCK:
         return _default_g2p()
 
