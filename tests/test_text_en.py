@@ -168,7 +168,7 @@ def test_homographs_follow_the_tag():
     assert g("she read")[-len(red):] == list(red)
 
 
-@pytest.mark.parametrize("text", ["", "   ", "...", "!?", "😀🎉", "\x00\x07\x1b", "中文", "ñandú café"])
+@pytest.mark.parametrize("text", ["", "   ", "...", "!?", "😀🎉", "\x00\x07\x1b", "中文", "こんにちは", "안녕", "ñandú café"])
 def test_bad_input_is_handled(text):
     norm = normalize(text)
     phones, _ = english.g2p(norm)

@@ -108,7 +108,7 @@ def test_marks_are_kept_and_mapped():
     assert phones.count(",") == 1 and phones.count(".") == 1 and phones[-1] == "!"
 
 
-@pytest.mark.parametrize("text", ["", " ", "。。。", "！？", "😀", "\x00\x07", "abc", "ｶﾀｶﾅ"])
+@pytest.mark.parametrize("text", ["", " ", "。。。", "！？", "😀", "\x00\x07", "abc", "ｶﾀｶﾅ", "안녕", "你好吗"])
 def test_bad_input_never_crashes(text):
     phones, word2ph = japanese.g2p(japanese.normalize(text))
     assert isinstance(phones, list) and word2ph is None

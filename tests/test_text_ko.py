@@ -74,7 +74,7 @@ def test_build_never_downloads():
     assert done.returncode == 0, done.stderr + done.stdout
 
 
-@pytest.mark.parametrize("text", ["", " ", "...", "!?", "😀", "\x00\x07", "中文", "ㅋㅋㅋ"])
+@pytest.mark.parametrize("text", ["", " ", "...", "!?", "😀", "\x00\x07", "中文", "こんにちは", "ㅋㅋㅋ"])
 def test_bad_input_maps_to_known_symbols(text):
     phones, _ = korean.g2p(korean.normalize(text))
     symbols = set(json.loads(json.dumps(list(korean.default_g2p()._symbols))))
@@ -84,3 +84,12 @@ def test_bad_input_maps_to_known_symbols(text):
 def test_unknown_characters_become_pause():
     phones, _ = korean.g2p("😀 안녕")
     assert phones[0] == "停" and phones[1] == "空"
+
+
+def test_long_input():
+    import time
+
+    start = time.perf_counter()
+    phones, _ = korean.g2p("안녕하세요. 만나서 반갑습니다. " * 1000)  # 18,000 characters
+    assert len(phones) > 30_000
+    assert time.perf_counter() - start < 60

@@ -76,7 +76,7 @@ def test_normalize_drops_latin_and_emoji_and_maps_brackets():
     assert cantonese.normalize("你好abc😀！") == "你好!"
 
 
-@pytest.mark.parametrize("text", ["", " ", "。。。", "！？", "😀", "\x00\x07", "abc"])
+@pytest.mark.parametrize("text", ["", " ", "。。。", "！？", "😀", "\x00\x07", "abc", "こんにちは", "안녕"])
 def test_bad_input_gives_empty_or_marks(text):
     norm = cantonese.normalize(text)
     phones, word2ph = cantonese.g2p(norm)
@@ -86,3 +86,13 @@ def test_bad_input_gives_empty_or_marks(text):
 def test_unreadable_text_is_a_text_error():
     with pytest.raises(TextError, match="no Cantonese reading"):
         cantonese.g2p("abc")  # g2p expects normalised text
+
+
+def test_long_input():
+    import time
+
+    start = time.perf_counter()
+    norm = cantonese.normalize("我哋今日去咗公园，买咗3个橙。" * 6000)  # 90,000 characters
+    phones, word2ph = cantonese.g2p(norm)
+    assert len(word2ph) == len(norm) and sum(word2ph) == len(phones)
+    assert time.perf_counter() - start < 60
