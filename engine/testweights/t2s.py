@@ -21,13 +21,10 @@ def official_config(version: str) -> dict:
     return copy.deepcopy(load_json("model_configs.json")[f"GPT_SoVITS/configs/{name}"])
 
 
-def write_t2s(path: str | Path, version: str = "v2", full_size: bool = False, seed: int = 0) -> Path:
-    """Write a random GPT checkpoint; tiny dims unless ``full_size`` (the official 77.6 M model)."""
-    config = official_config(version)
-    if not full_size:
-        config["model"].update(TINY)
+def random_t2s_model(dims: T2SDims, seed: int = 0) -> Text2SemanticModel:
+    """A model with random weights scaled so activations stay sane (norms near 1, EOS reachable)."""
     generator = torch.Generator().manual_seed(seed)
-    model = Text2SemanticModel(T2SDims.from_config(config["model"]))
+    model = Text2SemanticModel(dims)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name and name.endswith("weight"):
@@ -37,6 +34,15 @@ def write_t2s(path: str | Path, version: str = "v2", full_size: bool = False, se
             else:
                 p.copy_(torch.randn(p.shape, generator=generator) / max(1, p.shape[-1]) ** 0.5)
         model.ar_predict_layer.weight[-1] *= EOS_ROW_SCALE
+    return model.eval()
+
+
+def write_t2s(path: str | Path, version: str = "v2", full_size: bool = False, seed: int = 0) -> Path:
+    """Write a random GPT checkpoint; tiny dims unless ``full_size`` (the official 77.6 M model)."""
+    config = official_config(version)
+    if not full_size:
+        config["model"].update(TINY)
+    model = random_t2s_model(T2SDims.from_config(config["model"]), seed)
     weight = {"model." + k: v.half() for k, v in model.state_dict().items()}
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
