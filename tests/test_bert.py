@@ -71,9 +71,17 @@ def test_frontend_features_zh_and_zeros_for_english(extractor, monkeypatch):
 
 
 def test_bad_input(extractor, tmp_path):
-    with pytest.raises(TextError, match="too long"):
-        extractor("好" * 511, [2] * 511)
+    with pytest.raises(TextError, match="one token per character"):
+        extractor("ab", [2, 2])  # "ab" is one word piece for BERT, but two characters
     with pytest.raises(TextError):
         extractor("你好", [2])
     with pytest.raises(CheckpointError, match="chinese-roberta"):
         BertFeatureExtractor.from_folder(tmp_path)
+
+
+def test_long_text_is_read_in_windows(extractor):
+    # the official code fails past 510 characters (512 positions); here windows of 510 are concatenated
+    text = "你好吗我很好" * 100  # 600 characters
+    feats = extractor.char_features(text)
+    assert feats.shape == (600, extractor.hidden_size)
+    torch.testing.assert_close(feats[510:], extractor.char_features(text[510:]))

@@ -110,3 +110,11 @@ def test_segmentation_never_crashes(text, method, lang):
     except TextError:
         return
     assert all(s and s[-1] in segment.splits() for s in out)
+
+
+def test_prepare_prompt_text():
+    assert segment.prepare_prompt_text("\n你好\n", "zh") == "你好。"
+    assert segment.prepare_prompt_text("Hello", "en") == "Hello."
+    assert segment.prepare_prompt_text("你好！", "all_zh") == "你好！"
+    with pytest.raises(TextError):
+        segment.prepare_prompt_text("\n\n", "zh")

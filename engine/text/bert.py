@@ -58,17 +58,24 @@ class BertFeatureExtractor:
 
     @torch.inference_mode()
     def char_features(self, norm_text: str) -> torch.Tensor:
-        """(n_chars, hidden) float32: hidden_states[-3] without [CLS] / [SEP]."""
+        """(n_chars, hidden) float32: hidden_states[-3] without [CLS] / [SEP].
+
+        A text longer than 510 characters (where the official code fails on BERT's 512 positions) is read in
+        consecutive 510-character windows."""
         if len(norm_text) > MAX_CHARS:
-            raise TextError(
-                f"a Mandarin sentence of {len(norm_text)} characters is too long for BERT (max {MAX_CHARS}); "
-                "split the text into sentences first"
-            )
+            parts = [self.char_features(norm_text[i : i + MAX_CHARS]) for i in range(0, len(norm_text), MAX_CHARS)]
+            return torch.cat(parts, dim=0)
         device = next(self.model.parameters()).device
         inputs = self.tokenizer(norm_text, return_tensors="pt")
         inputs = {k: v.to(device) for k, v in inputs.items()}
         out = self.model(**inputs, output_hidden_states=True)
-        return out.hidden_states[HIDDEN_LAYER][0, 1:-1].float()  # (n_chars, hidden)
+        feats = out.hidden_states[HIDDEN_LAYER][0, 1:-1].float()  # (n_chars, hidden)
+        if feats.shape[0] != len(norm_text):
+            raise TextError(
+                f"the BERT tokenizer made {feats.shape[0]} tokens of {len(norm_text)} characters; Mandarin "
+                "features need one token per character (is this the chinese-roberta-wwm-ext-large tokenizer?)"
+            )
+        return feats
 
     def __call__(self, norm_text: str, word2ph: Sequence[int]) -> torch.Tensor:
         """(hidden, n_phones) float32 features of a normalised Mandarin text."""

@@ -205,3 +205,13 @@ def pre_seg_text(text: str, lang: str, method: str) -> list[str]:
 def preprocess(text: str, lang: str, method: str) -> list[str]:
     """Target text -> sentences: collapse runs of marks, then `pre_seg_text` (non-streaming path of TTS.run)."""
     return pre_seg_text(replace_consecutive_punctuation(text), lang, method)
+
+
+def prepare_prompt_text(text: str, lang: str) -> str:
+    """The reference transcript as TTS.run prepares it: newlines stripped, closed with "。" ("." for en) unless it
+    already ends with a sentence mark. It is not split. Raises TextError for an empty transcript (after stripping
+    newlines), where the official code raises IndexError."""
+    text = text.strip("\n")
+    if not text:
+        raise TextError("the reference transcript is empty: enter the words spoken in the reference clip")
+    return text if text[-1] in splits() else text + ("." if lang == "en" else "。")
