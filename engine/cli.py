@@ -13,6 +13,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "g2p": ("engine.commands.g2p", "print the phones, ids, word2ph and normalised text for a text"),
     "synth": ("engine.commands.synth", "clone a voice: text + reference clip -> wav"),
     "download": ("engine.commands.download", "fetch the official pretrained weights into the official layout"),
+    "serve": ("engine.commands.serve", "run the api_v2-compatible HTTP server (with OpenAI speech and /metrics)"),
     "export-coreml": ("engine.commands.export_coreml", "convert a vocoder (bigvgan, v4, v2) to a Core ML package"),
 }
 
