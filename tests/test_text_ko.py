@@ -93,3 +93,26 @@ def test_long_input():
     phones, _ = korean.g2p("안녕하세요. 만나서 반갑습니다. " * 1000)  # 18,000 characters
     assert len(phones) > 30_000
     assert time.perf_counter() - start < 60
+
+
+def test_pronounce_equals_g2pk2(monkeypatch):
+    """Our replay of g2pk2.G2p.__call__ equals the library's own call on varied Korean text."""
+    import nltk
+
+    monkeypatch.setattr(nltk, "download", lambda *a, **k: False)
+    import mecab
+    from g2pk2 import G2p
+    from g2pk2.utils import get_rule_id2text, parse_table
+
+    reference = G2p.__new__(G2p)  # __init__ would read the missing nltk cmudict corpus
+    reference.mecab, reference.table, reference.cmu = mecab.MeCab(), parse_table(), {}
+    reference.rule2text = get_rule_id2text()
+    import os
+
+    import g2pk2
+
+    reference.idioms_path = os.path.join(os.path.dirname(g2pk2.g2pk2.__file__), "idioms.txt")
+    ours = korean.default_g2p()
+    for text in ["안녕하세요. 만나서 반갑습니다.", "값이 1,500원이에요?", "저는 스물다섯 살입니다.", "닭이 밟고 읽는다",
+                 "의사의 희망은 무늬", "3개를 샀어요", "같이 굳이 해돋이", "신라 광한루 물난리", "엠피쓰리 파일을 다운받고 있다"]:
+        assert ours.pronounce(text) == reference(text), text
