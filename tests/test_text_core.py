@@ -44,15 +44,11 @@ def test_cleaned_text_to_sequence_and_inverse():
         symbols.sequence_to_phones([732], "v2")
 
 
-def test_clean_text_unknown_language_is_an_error():
-    with pytest.raises(UnsupportedLanguageError, match="fr"):
-        cleaner.clean_text("bonjour", "fr", "v2")
-
-
-@pytest.mark.parametrize("language", ["ko", "yue"])
-def test_clean_text_v1_falls_back_to_english_space(language):
-    # official: a language the version lacks is read by the English frontend on " " (then "," is prepended)
-    assert cleaner.clean_text("안녕 你好", language, "v1") == cleaner.clean_text(" ", "en", "v1")
+@pytest.mark.parametrize("language,version", [("ko", "v1"), ("yue", "v1"), ("punctuation", "v2"), ("fr", "v2")])
+def test_clean_text_unknown_language_reads_a_pause(language, version):
+    # official: a language the version lacks is read by the English frontend on " " (then "," is prepended);
+    # user-facing codes are rejected earlier by TextFrontend.check_language
+    assert cleaner.clean_text("안녕 你好", language, version) == cleaner.clean_text(" ", "en", version)
 
 
 def test_clean_text_unknown_phones_become_unk(monkeypatch):
@@ -173,3 +169,25 @@ def test_missing_segmenter_is_a_clear_error(monkeypatch):
         pytest.skip("engine.text.langsegment is present")
     with pytest.raises(UnsupportedLanguageError, match="langsegment"):
         route("你好", "all_zh")
+
+
+_ODD_INPUTS = [
+    ("こんにちは你好", "all_zh"), ("안녕하세요 你好", "all_ja"), ("你好世界", "all_ko"), ("你好 hello", "en"),
+    ("😀😀", "all_zh"), ("😀", "en"), ("\x00\x07", "all_ja"), ("😀", "all_ko"), ("😀", "all_yue"), ("😀", "auto"),
+    ("。。。", "auto_yue"), ("!!", "en"), ("abc", "all_yue"), ("٣٤٥", "en"), ("\u200b\u200b", "yue"),
+    ("Hello 你好 こんにちは 안녕", "auto"), ("你好" * 300 + "。", "zh"),
+]
+
+
+@pytest.mark.parametrize("text,language", _ODD_INPUTS, ids=lambda x: repr(x)[:16])
+def test_odd_input_gives_valid_phones(text, language):
+    # documented behaviour: mixed scripts in a single-language mode, emoji and control characters follow the
+    # official rules (unreadable characters are dropped, become UNK / 停, or leave a pause); never a crash
+    import importlib.util
+
+    if importlib.util.find_spec("engine.text.langsegment") is None:
+        pytest.skip("engine.text.langsegment is not in the tree yet")
+    out = TextFrontend("v2").phones_and_bert(text, language, with_bert=False)
+    assert len(out.phones) >= 1 and len(out.phone_ids) == len(out.phones)
+    assert all(0 <= i < 732 for i in out.phone_ids)
+    assert out.norm_text == "".join(s.norm_text for s in out.segments)

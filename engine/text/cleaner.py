@@ -23,9 +23,6 @@ LANGUAGE_MODULES = {
     "v2": {"zh": "chinese", "ja": "japanese", "en": "english", "ko": "korean", "yue": "cantonese"},
 }
 
-# Languages the official cleaner knows in any version. One of these that the version lacks (ko / yue under v1)
-# follows the official fallback: English frontend on a single space. Any other code is an error.
-KNOWN_LANGUAGES = ("zh", "ja", "en", "ko", "yue")
 
 
 def _special_pauses() -> list[tuple[str, str, str]]:
@@ -49,6 +46,10 @@ def clean_text(
 ) -> tuple[list[str], list[int] | None, str]:
     """Text of one language -> (phones, word2ph, norm_text).
 
+    A language the version has no frontend for (ko / yue under v1, or a segmenter label such as
+    "punctuation") is read as the official code does: the English frontend on a single space, i.e. a pause.
+    User-facing language codes are checked earlier, by `TextFrontend.check_language`.
+
     ``word2ph`` (phones per character of ``norm_text``) exists for zh and yue and is None otherwise. Phones
     missing from the version's table become "UNK". In Mandarin, "￥" and "^" mark pauses: the text is read
     with "," in their place and every "," phone becomes SP2 / SP3. ``zh_g2p`` overrides the default Mandarin
@@ -59,11 +60,7 @@ def clean_text(
     table = table_name(version)
     modules = LANGUAGE_MODULES[table]
     if language not in modules:
-        if language not in KNOWN_LANGUAGES:
-            raise UnsupportedLanguageError(
-                f"unsupported language {language!r} for clean_text; use one of {', '.join(modules)}"
-            )
-        language, text = "en", " "  # official: a language this version lacks is read as silence-ish English
+        language, text = "en", " "  # official: a language this version lacks is read as a pause
     ids = symbol_to_id(version)
 
     if language == "zh":
