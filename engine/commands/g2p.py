@@ -1,4 +1,8 @@
-"""`sovits-studio g2p`: print the phones, phone ids, word2ph and normalised text the engine reads for a text."""
+"""`sovits-studio g2p`: print the phones, phone ids, word2ph and normalised text the engine reads for a text.
+
+Output: one JSON object (a list of them with --sentences). ``word2ph`` is the concatenation over segments when
+every segment has one (Mandarin / Cantonese), else null; ``segments`` shows each single-language piece.
+"""
 
 from __future__ import annotations
 
@@ -43,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     import jieba  # noqa: F401  (jieba sets its logger to DEBUG when imported; quiet it afterwards)
 
     logging.getLogger("jieba").setLevel(logging.ERROR)  # no dictionary-loading chatter on stderr
-    text = args.text if args.text is not None else sys.stdin.read()
+    text = args.text if args.text is not None else sys.stdin.read().rstrip("\n")
     zh_g2p = make_g2p(args.version, args.g2pw, args.bert, require_g2pw=True) if args.g2pw else None
     frontend = TextFrontend(args.version, zh_g2p=zh_g2p)
     if args.sentences:
