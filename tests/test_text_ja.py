@@ -127,3 +127,17 @@ def test_long_input():
     phones, _ = japanese.g2p("今日はいい天気ですね。" * 3000)  # 33,000 characters
     assert len(phones) > 50_000
     assert time.perf_counter() - start < 60
+
+
+def test_stdout_stays_clean():
+    """pyopenjtalk-plus prints a notice on import; building the frontend must not write to stdout (CLI JSON)."""
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    code = "from engine.text import japanese\njapanese.g2p('こんにちは')\n"
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == ""

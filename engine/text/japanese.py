@@ -24,9 +24,11 @@ the English frontend reads), and :class:`JapaneseG2p` takes any ``user_dict_csv`
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import re
+import sys
 import threading
 from functools import lru_cache
 from pathlib import Path
@@ -102,7 +104,9 @@ class JapaneseG2p:
 
     def __init__(self, user_dict_csv: str | os.PathLike | None = None):
         try:
-            import pyopenjtalk
+            # pyopenjtalk-plus prints a notice about onnxruntime on import; keep stdout clean for CLI output
+            with contextlib.redirect_stdout(sys.stderr):
+                import pyopenjtalk
         except ImportError as e:
             raise TextError("Japanese needs OpenJTalk: `pip install pyopenjtalk-plus` (it ships its dictionary)") from e
         dict_dir = pyopenjtalk.OPEN_JTALK_DICT_DIR
