@@ -151,7 +151,7 @@ def test_long_mixed_text_is_fast():
 
 
 def test_nothing_touches_the_network():
-    """All of this frontend's languages, built and run in a fresh interpreter with sockets disabled."""
+    """All of this frontend's languages, built and run in a fresh interpreter with sockets disabled, print nothing."""
     code = (
         "import socket\n"
         "def refuse(*a, **k): raise SystemExit('network access attempted')\n"
@@ -166,6 +166,7 @@ def test_nothing_touches_the_network():
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:] + done.stdout[-2000:]
+    assert done.stdout == ""  # nothing printed either (CLI commands print JSON on stdout)
 
 
 def test_split_stage_equals_split_lang_library(monkeypatch):
