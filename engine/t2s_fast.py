@@ -42,6 +42,7 @@ class _State:
     k: torch.Tensor  # (L, B, H, cap, hd)
     v: torch.Tensor
     valid: torch.Tensor  # (B, 1, 1, cap) bool: key positions a query may attend
+    bias: torch.Tensor  # (B, 1, 1, cap) float32: 0 where valid, -inf elsewhere
     token: torch.Tensor  # (B, 1) long: last sampled token (next input)
     pos: torch.Tensor  # (1,) long: cache slot of the next input
     audio_pos: torch.Tensor  # (1,) long: positional index of the next input in the semantic stream
@@ -60,8 +61,14 @@ class FastT2S:
     """Fast decoding for one model on one device (owns its CUDA graphs; requests take turns)."""
 
     def __init__(self, model: Text2SemanticModel, use_cuda_graph: bool | None = None,
-                 sync_every: int = 8, max_graphs: int = 8) -> None:
+                 sync_every: int = 8, max_graphs: int = 8, attention: str = "matmul",
+                 compile_step: bool = False) -> None:
+        if attention not in ("matmul", "sdpa"):
+            raise ValueError(f"attention must be 'matmul' or 'sdpa', not {attention!r}")
         self.model = model
+        self.attention = attention
+        # optional: let torch.compile fuse the step's small kernels (first capture then takes minutes)
+        self._step = torch.compile(self._decode_step, dynamic=False) if compile_step else self._decode_step
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
         self.use_graph = (self.device.type == "cuda") if use_cuda_graph is None else use_cuda_graph
@@ -79,6 +86,7 @@ class FastT2S:
         return _State(
             k=torch.zeros(kv_shape, device=dev, dtype=dt), v=torch.zeros(kv_shape, device=dev, dtype=dt),
             valid=torch.zeros(batch, 1, 1, cap, dtype=torch.bool, device=dev),
+            bias=torch.full((batch, 1, 1, cap), NEG_INF, dtype=torch.float32, device=dev),
             token=torch.zeros(batch, 1, dtype=torch.long, device=dev),
             pos=torch.zeros(1, dtype=torch.long, device=dev), audio_pos=torch.zeros(1, dtype=torch.long, device=dev),
             step=torch.zeros(1, dtype=torch.long, device=dev),
@@ -127,12 +135,18 @@ class FastT2S:
         pe = m.ar_audio_position.pe.index_select(0, st.audio_pos).to(x.dtype)  # (1, D)
         x = x + m.ar_audio_position.alpha * pe
         st.valid.index_fill_(3, st.pos, True)
+        st.bias.index_fill_(3, st.pos, 0.0)
+        scale = self._hd ** -0.5
         for i, layer in enumerate(m.layers):
             q, k, v = layer.qkv(x)
             q = q.view(b, 1, self._n_head, self._hd).transpose(1, 2)  # (B, H, 1, hd)
             st.k[i].index_copy_(2, st.pos, k.view(b, 1, self._n_head, self._hd).transpose(1, 2))
             st.v[i].index_copy_(2, st.pos, v.view(b, 1, self._n_head, self._hd).transpose(1, 2))
-            attn = F.scaled_dot_product_attention(q, st.k[i], st.v[i], attn_mask=st.valid)
+            if self.attention == "sdpa":
+                attn = F.scaled_dot_product_attention(q, st.k[i], st.v[i], attn_mask=st.valid)
+            else:  # one query: two batched GEMVs and a float32 softmax beat the masked SDPA kernels
+                scores = torch.matmul(q, st.k[i].transpose(-1, -2)).float() * scale + st.bias  # (B, H, 1, cap)
+                attn = torch.matmul(F.softmax(scores, dim=-1).to(q.dtype), st.v[i])  # (B, H, 1, hd)
             x = layer.finish(x, attn.transpose(1, 2).reshape(b, 1, -1))
         self._sample(st, x[:, -1])
         st.seen.scatter_(1, st.out_token, True)
@@ -165,12 +179,12 @@ class FastT2S:
             stream = torch.cuda.Stream(self.device)
             stream.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(stream), torch.inference_mode():
-                for _ in range(2):  # warm up kernels and workspaces outside the capture
-                    self._decode_step(st)
+                for _ in range(3):  # warm up kernels and workspaces outside the capture
+                    self._step(st)
             torch.cuda.current_stream(self.device).wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, stream=stream), torch.inference_mode():
-                self._decode_step(st)
+                self._step(st)
         self._graphs[key] = (st, graph)
         while len(self._graphs) > self.max_graphs:
             self._graphs.popitem(last=False)
@@ -226,6 +240,7 @@ class FastT2S:
             st.v.zero_()
             st.valid.zero_()
             st.valid[:, 0, 0, :s] = key_ok
+            st.bias.copy_(torch.where(st.valid, 0.0, NEG_INF))
             st.seen.zero_()
             if prefix_len:
                 st.seen.scatter_(1, y0, True)
@@ -248,7 +263,7 @@ class FastT2S:
                     if graph is not None:
                         graph.replay()
                     else:
-                        self._decode_step(st)
+                        self._step(st)
                     n += 1
                 results = self._collect(st, n, y0, rules, naive, done_only=n < limit)
         return results
