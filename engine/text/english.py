@@ -336,7 +336,10 @@ class EnglishG2p:
         if not any(w.lower() in self._homographs for w in words):
             return [None] * len(words)
         if self._pos_tag is not None:
-            return [tag for _, tag in self._pos_tag(words)]
+            try:
+                return [tag for _, tag in self._pos_tag(words)]
+            except LookupError:  # tagger data of another NLTK version: use the fallback rule
+                pass
         return [
             guess_homograph_tag(words[i - 1] if i else None, w, words[i + 1] if i + 1 < len(words) else None)
             for i, w in enumerate(words)
