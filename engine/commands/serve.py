@@ -31,6 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, default=1, help="requests synthesised at once (default 1)")
     parser.add_argument("--max-queue", type=int, default=32, help="requests waiting beyond that (default 32)")
     parser.add_argument("--max-upload-mb", type=float, default=20.0, help="request body limit in MiB (default 20)")
+    parser.add_argument("--max-tokens-per-sentence", type=int, default=None,
+                        help="cap semantic tokens per sentence (25 per second of audio; default: the GPT file's limit)")
     parser.add_argument("--max-text-chars", type=int, default=10_000, help="longest text accepted (default 10000)")
 
 
@@ -72,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
         max_upload_bytes=int(args.max_upload_mb * (1 << 20)),
         workers=args.workers,
         max_queue=args.max_queue,
+        max_tokens_per_sentence=args.max_tokens_per_sentence,
     )
     studio = Studio.from_config(config, device=args.device, precision=args.precision,
                                 settings=EngineSettings(weight_roots=settings.weight_roots,

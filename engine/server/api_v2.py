@@ -21,7 +21,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from engine.errors import EngineError, OptionsError, UnsupportedLanguageError
+from engine.errors import EngineError, OptionsError, ReferenceAudioError, UnsupportedLanguageError
 from engine.options import SynthesisOptions
 from engine.server.audio_formats import API_V2_MEDIA_TYPES, check_media_type, content_type
 
@@ -88,6 +88,7 @@ class TTSJob:
     sovits: str | None
     media_type: str
     streaming: bool
+    reference_field: str = "ref_audio_path"  # what to call the reference in error messages
 
 
 def validate_model(model: type[BaseModel], data: Mapping[str, Any]) -> Any:
@@ -134,8 +135,8 @@ def build_job(ctx: "ServerContext", req: TTSRequest, ref_upload: bytes | None = 
     check_media_type(req.media_type, API_V2_MEDIA_TYPES)
     fragment, streaming, fixed = streaming_flags(req.streaming_mode)
     values = {name: getattr(req, name) for name in OPTION_FIELDS}
-    options = SynthesisOptions.from_mapping(
-        {**values, "return_fragment": fragment, "streaming_mode": streaming, "fixed_length_chunk": fixed})
+    options = ctx.bounded(SynthesisOptions.from_mapping(
+        {**values, "return_fragment": fragment, "streaming_mode": streaming, "fixed_length_chunk": fixed}))
     if ref_upload is not None and req.ref_audio_path:
         raise OptionsError("ref_audio_path: give either a server-side path or an uploaded ref_audio, not both")
     audio = ref_upload if ref_upload is not None else ctx.reference_path(req.ref_audio_path)
@@ -151,6 +152,19 @@ def build_job(ctx: "ServerContext", req: TTSRequest, ref_upload: bytes | None = 
 
 
 # ---- work on the worker threads ------------------------------------------------------------
+
+
+def _start(ctx: "ServerContext", job: TTSJob) -> Iterator[Any]:
+    """``Studio.synthesize`` (which validates before the first result), with reference errors named
+    after the request field that gave the clip."""
+    check_model_languages(ctx, job)
+    try:
+        return ctx.studio.synthesize(job.text, job.text_lang, job.reference, job.options, gpt=job.gpt,
+                                     sovits=job.sovits)
+    except ReferenceAudioError as e:
+        if str(e).startswith(("ref_audio_path", "aux_ref_audio_paths")):
+            raise
+        raise ReferenceAudioError(f"{job.reference_field}: {e}") from e
 
 
 def check_model_languages(ctx: "ServerContext", job: TTSJob) -> None:
@@ -171,9 +185,7 @@ def synthesize_whole(ctx: "ServerContext", job: TTSJob, encode_as: str | None = 
     from engine.pipeline import join
     from engine.server.audio_formats import encode
 
-    check_model_languages(ctx, job)
-    results = ctx.studio.synthesize(job.text, job.text_lang, job.reference, job.options, gpt=job.gpt,
-                                    sovits=job.sovits)
+    results = _start(ctx, job)
     try:
         sr, audio = join(results)
     finally:
@@ -192,9 +204,7 @@ def start_stream(ctx: "ServerContext", job: TTSJob) -> Iterator[bytes]:
     the official streaming response does."""
     from engine.server.audio_formats import encode_stream
 
-    check_model_languages(ctx, job)
-    results = ctx.studio.synthesize(job.text, job.text_lang, job.reference, job.options, gpt=job.gpt,
-                                    sovits=job.sovits)
+    results = _start(ctx, job)
 
     def chunks() -> Iterator[tuple[int, Any]]:
         for r in results:

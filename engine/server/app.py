@@ -39,12 +39,17 @@ class ServerSettings:
     workers: int = 1  # synthesis threads (requests computed at once)
     max_queue: int = 32  # admitted requests waiting for a worker; beyond this: 503
     max_pending_chunks: int = 8  # streamed results waiting for a slow client before synthesis pauses
+    max_tokens_per_sentence: int | None = None  # cap on semantic tokens per sentence (25 per second of
+    # audio); None: the GPT checkpoint's own limit (50 * max_sec = 2700, i.e. up to ~108 s per sentence)
 
     def __post_init__(self) -> None:
         for name in ("max_profiles", "max_upload_bytes", "workers", "max_queue", "max_pending_chunks"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < (1 if name in ("workers",) else 0):
                 raise OptionsError(f"{name} must be a non-negative integer (workers >= 1), got {v!r}")
+        cap = self.max_tokens_per_sentence
+        if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
+            raise OptionsError(f"max_tokens_per_sentence must be a positive integer or None, got {cap!r}")
         for name in ("reference_roots", "weight_roots"):
             roots = getattr(self, name)
             if isinstance(roots, str) or not all(isinstance(r, (str, os.PathLike)) for r in roots):
@@ -64,6 +69,13 @@ class ServerContext:
     weight_roots: tuple[str, ...]
     on_control: Callable[[str], None] | None = None
     started: float = field(default_factory=time.time)
+
+    def bounded(self, options: Any) -> Any:
+        """``options`` with the server's token cap applied (SynthesisOptions.early_stop_num)."""
+        cap = self.settings.max_tokens_per_sentence
+        if cap is None or (options.early_stop_num is not None and options.early_stop_num <= cap):
+            return options
+        return options.replace(early_stop_num=cap)
 
     # ---- path rules ------------------------------------------------------------------------
     def reference_path(self, value: Any, field_name: str = "ref_audio_path") -> Path:

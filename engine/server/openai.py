@@ -70,10 +70,10 @@ def build_speech_job(ctx: "ServerContext", req: SpeechRequest) -> TTSJob:
         raise OptionsError(f"speed: {req.speed!r} is outside [0.25, 4.0]")
     if req.stream_format != "audio":
         raise OptionsError(f"stream_format: {req.stream_format!r} is not supported; use 'audio'")
-    options = SynthesisOptions.from_mapping({
+    options = ctx.bounded(SynthesisOptions.from_mapping({
         "speed_factor": float(req.speed), "seed": req.seed, "top_k": req.top_k, "top_p": req.top_p,
         "temperature": req.temperature, "text_split_method": req.text_split_method, "sample_steps": req.sample_steps,
-    })
+    }))
     reference = Reference(audio=profile.audio_path, text=profile.prompt_text,
                           language=_language(profile.prompt_lang, f"voice {voice}: prompt_lang"),
                           aux_audio=profile.aux_audio_paths)
@@ -81,7 +81,7 @@ def build_speech_job(ctx: "ServerContext", req: SpeechRequest) -> TTSJob:
     sovits = (str(ctx.weight_path(profile.sovits_weights, f"voice {voice}: sovits_weights"))
               if profile.sovits_weights else None)
     return TTSJob(req.input, _language(req.language, "language"), reference, options, gpt, sovits,
-                  req.response_format, streaming=False)
+                  req.response_format, streaming=False, reference_field=f"voice {voice}")
 
 
 def router(ctx: "ServerContext") -> "APIRouter":
