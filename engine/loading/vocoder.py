@@ -143,7 +143,10 @@ def load_v4_vocoder(path: str | os.PathLike):
     path = Path(path)
     if path.is_dir():
         path = path / "vocoder.pth"
-    sd = state_dict_of(load_torch_file(path, "v4 vocoder"), path, key=None)
+    obj = load_torch_file(path, "v4 vocoder")
+    if isinstance(obj, dict) and "generator" in obj:
+        raise CheckpointError(f"{path} is a BigVGAN checkpoint, not the v4 vocoder (gsv-v4-pretrained/vocoder.pth)")
+    sd = state_dict_of(obj, path, key=None)
     if any(k.endswith((".weight_g", ".weight_v")) for k in sd):
         sd = fold_weight_norm_pairs(sd)  # tolerate a file saved before remove_weight_norm
     model = build_v4_vocoder(v4_vocoder_dims_from_state_dict(sd))
