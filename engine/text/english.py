@@ -34,6 +34,7 @@ import os
 import pickle
 import re
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -198,6 +199,7 @@ _SPELLER_PHONEMES = ("<pad>", "<unk>", "<s>", "</s>") + tuple(
     )
 )
 _SPELLER_MAX_STEPS = 20
+_UNKNOWN_CACHE_SIZE = 4096  # words; about 1 MB
 
 
 class NeuralSpeller:
@@ -328,6 +330,8 @@ class EnglishG2p:
         self._tokenize = TweetTokenizer().tokenize
         self._pos_tag = _nltk_pos_tag() if use_nltk_tagger else None
         self._symbols = _v2_symbols()
+        self._unknown: OrderedDict[str, tuple[str, ...]] = OrderedDict()
+        self._unknown_lock = threading.Lock()
 
     # --- per token
 
@@ -374,10 +378,26 @@ class EnglishG2p:
             if last in _SIBILANT_END:
                 return phones + ["AH0", "Z"]
             return phones + ["Z"]
+        return self._unknown_word(word)
+
+    def _unknown_word(self, word: str) -> list[str]:
+        """Compound split, else the neural speller; memoised per instance (bounded LRU, since both are slow
+        and long texts repeat their unknown words)."""
+        with self._unknown_lock:
+            hit = self._unknown.get(word)
+            if hit is not None:
+                self._unknown.move_to_end(word)
+                return list(hit)
         parts = self._segmenter.segment(word)
         if len(parts) == 1:
-            return self._speller(word)
-        return [ph for part in parts for ph in self.lookup(part)]
+            phones = tuple(self._speller(word))
+        else:
+            phones = tuple(ph for part in parts for ph in self.lookup(part))
+        with self._unknown_lock:
+            self._unknown[word] = phones
+            if len(self._unknown) > _UNKNOWN_CACHE_SIZE:
+                self._unknown.popitem(last=False)
+        return list(phones)
 
     def _pronounce(self, o_word: str, tag: str | None) -> list[str]:
         word = o_word.lower()
