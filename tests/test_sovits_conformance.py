@@ -124,12 +124,16 @@ def test_decode_runs(folder: Path) -> None:
                        f"{name} ref_enc[{i}]")
                 if model.dims.is_pro:
                     _close(model.reference_style(spec, sv[i]), want["prelu_out"][i], f"{name} prelu[{i}]")
+            # the steps of decode() one by one, to compare every recorded intermediate
             ge = model.style_vector(refs, sv)
             x, m_p, logs_p, y_mask = model.prior(inputs["decode_codes"], inputs["decode_phones"], ge, run["speed"])
-            audio = model.decode(inputs["decode_codes"], inputs["decode_phones"], refs,
-                                 noise_scale=run["noise_scale"], speed=run["speed"], sv_emb=sv, noise=want["noise"])
             z_p = m_p + want["noise"] * torch.exp(logs_p) * run["noise_scale"]
             z = model.flow.reverse(z_p, y_mask, g=ge)
+            audio = model.dec(z * y_mask, g=ge)
+            if name == next(iter(meta["decode_runs"])):  # decode() itself is exactly those steps
+                whole = model.decode(inputs["decode_codes"], inputs["decode_phones"], refs,
+                                     noise_scale=run["noise_scale"], speed=run["speed"], sv_emb=sv, noise=want["noise"])
+                assert torch.equal(whole, audio)
         for key, got in (("enc_p_x", x), ("m_p", m_p), ("logs_p", logs_p), ("y_mask", y_mask), ("flow_out_z", z)):
             _close(got, want[key], f"{name} {key}")
         assert list(audio.shape) == run["audio_shape"], name
@@ -141,10 +145,10 @@ def test_decode_noise_is_drawn_when_not_given(folder: Path) -> None:
     _, loaded, inputs, expected, _ = _load(folder)
     model = loaded.module
     sv = [inputs["sv_emb0"]] if model.dims.is_pro else None
-    args = (inputs["decode_codes"], inputs["decode_phones"], [expected["ref0_spec"]])
+    args = (inputs["decode_codes"][..., :10], inputs["decode_phones"], [expected["ref0_spec"]])
     with torch.no_grad():
         a = model.decode(*args, sv_emb=sv, generator=torch.Generator().manual_seed(1))
         b = model.decode(*args, sv_emb=sv, generator=torch.Generator().manual_seed(1))
         c = model.decode(*args, sv_emb=sv, generator=torch.Generator().manual_seed(2))
     assert torch.equal(a, b) and not torch.equal(a, c)
-    assert a.shape == expected["decode_ns05_speed1"]["audio"].shape
+    assert a.shape == (1, 1, 10 * 1280)
