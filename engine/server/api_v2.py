@@ -314,13 +314,21 @@ def router(ctx: "ServerContext") -> "APIRouter":
 
     r = APIRouter()
 
-    @r.api_route("/tts", methods=["GET", "POST"])
     async def tts(request: Request):
-        """Text to speech with the official api_v2 parameters (query, JSON body or multipart form)."""
         t0 = time.perf_counter()
         req, ref_upload, aux_uploads = await read_request(request)
         job = build_job(ctx, req, ref_upload, aux_uploads)
         return await respond(ctx, job, "/tts", t0)
+
+    @r.get("/tts")
+    async def tts_get(request: Request):
+        """Text to speech with the official api_v2 query parameters."""
+        return await tts(request)
+
+    @r.post("/tts")
+    async def tts_post(request: Request):
+        """Text to speech from a JSON ``TTS_Request`` body, or a multipart form with the clip as ``ref_audio``."""
+        return await tts(request)
 
     async def set_weights(kind: str, weights_path: str | None):
         if weights_path in (None, ""):
@@ -359,9 +367,7 @@ def router(ctx: "ServerContext") -> "APIRouter":
             return JSONResponse({"message": "set refer audio failed", "Exception": str(e)}, status_code=400)
         return JSONResponse({"message": "success"})
 
-    @r.api_route("/control", methods=["GET", "POST"])
     async def control(request: Request):
-        """``command=restart|exit``; only when the server was started with process control (``serve``)."""
         command = request.query_params.get("command")
         if command is None and request.method == "POST":
             try:
@@ -378,5 +384,15 @@ def router(ctx: "ServerContext") -> "APIRouter":
                                 status_code=403)
         ctx.on_control(command)
         return JSONResponse({"message": f"{command} scheduled"})
+
+    @r.get("/control")
+    async def control_get(request: Request):
+        """``command=restart|exit``; only when the server was started with process control (``serve``)."""
+        return await control(request)
+
+    @r.post("/control")
+    async def control_post(request: Request):
+        """``{"command": "restart"|"exit"}``; only when the server runs under ``serve``."""
+        return await control(request)
 
     return r
