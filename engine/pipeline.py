@@ -354,11 +354,11 @@ class VoiceCloner:
         plan = resolve_plan(options, self.models.version)
         for note in plan.notes:
             log.info("synthesis mode: %s", note)
-        prepared, hit = self._prepare(reference)
-        log.debug("reference %s", "from cache" if hit else "prepared")
         sentences = self.split(text, text_lang, options)
         if not sentences:
             raise TextError("text has nothing to say: it holds only punctuation or blanks")
+        prepared, hit = self._prepare(reference)
+        log.debug("reference %s", "from cache" if hit else "prepared")
         seed = options.seed if options.seed != -1 else random.randrange(0, MAX_SEED + 1)
         return self._run(sentences, text_lang, prepared, options, plan, seed, on_progress)
 
