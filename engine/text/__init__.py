@@ -9,7 +9,7 @@ import importlib
 
 _PUBLIC = {
     "cleaned_text_to_sequence": "engine.text.symbols",
-    "symbols": "engine.text.symbols",
+    "symbol_to_id": "engine.text.symbols",
     "clean_text": "engine.text.cleaner",
     "TextFrontend": "engine.text.frontend",
     "TextFeatures": "engine.text.frontend",
