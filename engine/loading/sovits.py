@@ -49,12 +49,13 @@ class LoadedSoVITS:
         return self.model_version in PRO_VERSIONS
 
 
-def _delegate_v3(path: Path, version: str | None, is_lora: bool, hps: dict | None, info: str) -> LoadedSoVITS:
+def _delegate_v3(path: Path, version: str | None, is_lora: bool, hps: dict | None, info: str,
+                 base_path: str | os.PathLike | None, device: torch.device | str, dtype: torch.dtype) -> LoadedSoVITS:
     try:
         from engine.loading.sovits_v3 import load_sovits_v3
     except ImportError as e:
         raise CheckpointError(f"{path} is a SoVITS v3/v4 file; v3/v4 is not supported yet") from e
-    module = load_sovits_v3(path, version=version)
+    module = load_sovits_v3(path, version=version, base_path=base_path).to(device=device, dtype=dtype).eval()
     if hps is None:
         hps = {}
     model_version = version or getattr(getattr(module, "dims", None), "version", "v3")
@@ -63,8 +64,10 @@ def _delegate_v3(path: Path, version: str | None, is_lora: bool, hps: dict | Non
 
 
 def load_sovits(path: str | os.PathLike, device: torch.device | str = "cpu",
-                dtype: torch.dtype = torch.float32) -> LoadedSoVITS:
+                dtype: torch.dtype = torch.float32, base_path: str | os.PathLike | None = None) -> LoadedSoVITS:
     """Load any official SoVITS ``.pth``; v1/v2/v2Pro/v2ProPlus here, v3/v4 through ``sovits_v3``.
+
+    ``base_path``: for v3/v4 LoRA files only, the version's pretrained base model.
 
     Raises CheckpointError naming the file when it is not a SoVITS file, lacks essential weights, or
     its tensors do not fit the architecture its config describes.
@@ -72,7 +75,7 @@ def load_sovits(path: str | os.PathLike, device: torch.device | str = "cpu",
     path = Path(path)
     _, file_model, file_lora = sovits_version_from_file(path)
     if file_model in ("v3", "v4"):  # header / pretrained md5 / size: do not read 750 MB twice
-        return _delegate_v3(path, file_model, file_lora, None, "")
+        return _delegate_v3(path, file_model, file_lora, None, "", base_path, device, dtype)
 
     obj = load_torch_file(path, "SoVITS weights")
     if not isinstance(obj, dict) or "weight" not in obj:
@@ -87,7 +90,8 @@ def load_sovits(path: str | os.PathLike, device: torch.device | str = "cpu",
     info = str(obj.get("info", ""))
     symbol_version, model_version, is_lora = detect_sovits_version(path, weights, hps)
     if model_version in ("v3", "v4") or any(k.startswith("cfm.") for k in weights):
-        return _delegate_v3(path, model_version if model_version in ("v3", "v4") else None, is_lora, hps, info)
+        return _delegate_v3(path, model_version if model_version in ("v3", "v4") else None, is_lora, hps, info,
+                            base_path, device, dtype)
 
     notes: list[str] = []
     if model_version not in PRO_VERSIONS and "sv_emb.weight" in weights:
