@@ -17,7 +17,7 @@ VERSIONS = ("v1", "v2", "v2Pro", "v2ProPlus", "v3", "v4")
 OUTPUT_RATE = {"v1": 32000, "v2": 32000, "v2Pro": 32000, "v2ProPlus": 32000, "v3": 24000, "v4": 48000}
 REF_TEXT = "Yesterday I walked to the old library and borrowed three books."
 
-_lock = threading.Lock()
+_lock = threading.RLock()
 _root: Path | None = None
 _configs: dict[str, Path] = {}
 _studios: dict[str, object] = {}
@@ -43,12 +43,15 @@ def model_config(version: str) -> Path:
 
 def studio(version: str):
     """A shared Studio over the tiny ``version`` set (CPU, fp32). Tests must not change its settings."""
+    from engine.config import load_config
+    from engine.model_pool import WeightSet
     from engine.pipeline import Studio
+    from engine.runtime import resolve_runtime
 
     config = model_config(version)
     with _lock:
-        if version not in _studios:
-            _studios[version] = Studio.from_config(config, device="cpu", precision="fp32")
+        if version not in _studios:  # built directly: some tests patch Studio.from_config to return these
+            _studios[version] = Studio(WeightSet.from_config(load_config(config)), resolve_runtime("cpu", "fp32"))
         return _studios[version]
 
 
