@@ -183,3 +183,26 @@ def test_features_v2pro_include_the_sv_embedding(models, tmp_path: Path) -> None
         audio = pro.decode(feats.prompt_semantic[None, None, :10], torch.tensor([[5, 9]]), [feats.spec, feats.spec],
                            sv_emb=[feats.sv_embedding, feats.sv_embedding])
     assert audio.shape == (1, 1, 10 * 1280) and torch.isfinite(audio).all()
+
+
+def test_real_clips_follow_the_official_library_paths(shared_dir: Path) -> None:
+    """Refset clips at 22.05/24/48 kHz: the HuBERT input equals ``librosa.load(sr=16000)`` and the
+    spectrogram input equals TTS.py's torchaudio Resample + peak rule, sample for sample."""
+    librosa = pytest.importorskip("librosa")
+    import torchaudio
+
+    from engine.reference import reference_audio_32k
+
+    clips = sorted((shared_dir / "refset").glob("*.wav"))[:3]
+    if not clips:
+        pytest.skip("no refset clips")
+    for path in clips:
+        clip = read_reference(path)
+        want16, _ = librosa.load(path, sr=16000)
+        np.testing.assert_array_equal(reference_wav16k(clip).numpy(), want16)
+        data, sr = sf.read(path, dtype="float32", always_2d=True)
+        raw = torch.from_numpy(data.T).mean(0, keepdim=True)
+        want32 = torchaudio.transforms.Resample(sr, 32000)(raw) if sr != 32000 else raw
+        peak = want32.abs().max()
+        want32 = want32 / min(2, peak) if peak > 1 else want32
+        assert torch.equal(reference_audio_32k(clip), want32), path.name
