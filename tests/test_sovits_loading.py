@@ -3,6 +3,7 @@ manifest, and clear errors for files of another kind."""
 
 from __future__ import annotations
 
+import io
 import json
 import sys
 import zipfile
@@ -32,9 +33,9 @@ def files(tmp_path_factory) -> dict[str, Path]:
 def test_written_files_have_the_official_layout(files, version: str) -> None:
     path = files[version]
     assert read_header(path) == HEADERS[version]
-    raw = path.read_bytes()
-    pkl = next(n for n in zipfile.ZipFile(__import__("io").BytesIO(b"PK" + raw[2:])).namelist() if n.endswith("data.pkl"))
-    assert b"utils\nHParams" in zipfile.ZipFile(__import__("io").BytesIO(b"PK" + raw[2:])).read(pkl)
+    archive = zipfile.ZipFile(io.BytesIO(b"PK" + path.read_bytes()[2:]))
+    pkl = next(n for n in archive.namelist() if n.endswith("data.pkl"))
+    assert b"utils\nHParams" in archive.read(pkl)  # the config pickles as the official utils.HParams
     obj = load_torch_file(path)
     assert set(obj) == {"weight", "config", "info"}
     weight = obj["weight"]
