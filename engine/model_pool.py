@@ -33,6 +33,10 @@ OFFICIAL_EXTRAS = {  # where the official code looks when the config names no fi
     "v4": Path("GPT_SoVITS/pretrained_models/gsv-v4-pretrained/vocoder.pth"),
     "sv": Path("GPT_SoVITS/pretrained_models/sv/pretrained_eres2netv2w24s4ep4.ckpt"),
 }
+OFFICIAL_BASES = {  # the pretrained base model a v3/v4 LoRA file is merged into
+    "v3": Path("GPT_SoVITS/pretrained_models/s2Gv3.pth"),
+    "v4": Path("GPT_SoVITS/pretrained_models/gsv-v4-pretrained/s2Gv4.pth"),
+}
 
 
 class WeightPathError(CheckpointError, OptionsError):
@@ -161,10 +165,13 @@ def _load_t2s(path: Path, rt: Runtime) -> tuple[nn.Module, int, torch.Tensor]:
     return model, ckpt.early_stop_num, sim.cpu()
 
 
-def _load_sovits(path: Path, rt: Runtime):
+def _load_sovits(path: Path, rt: Runtime, base_dir: str = "."):
+    from engine.checkpoints import sovits_version_from_file
     from engine.loading.sovits import load_sovits
 
-    loaded = load_sovits(path, rt.device, rt.dtype_for("sovits"))
+    _, version, is_lora = sovits_version_from_file(path)
+    base = Path(base_dir) / OFFICIAL_BASES[version] if is_lora and version in OFFICIAL_BASES else None
+    loaded = load_sovits(path, rt.device, rt.dtype_for("sovits"), base_path=base)
     module = loaded.module.to(rt.device, rt.dtype_for("sovits"))  # the v3/v4 loader returns fp32 on the CPU
     return module, loaded.model_version, loaded.sampling_rate
 
@@ -243,7 +250,7 @@ class ModelPool:
         ssl_path = check_weight_path(weights.ssl, (), "HuBERT folder (cnhuhbert_base_path)")
         pinned: list[Hashable] = []
         t2s, early_stop, sim = self._get("t2s", gpt, runtime, pinned)
-        sovits, version, sr = self._get("sovits", sovits_path, runtime, pinned)
+        sovits, version, sr = self._get("sovits", sovits_path, runtime, pinned, str(weights.base_dir))
         ssl = self._get("ssl", ssl_path, runtime, pinned)
         bert = self._get("bert", bert_path, runtime, pinned)
         vocoder = sv = None

@@ -610,9 +610,12 @@ class Studio:
         weights = self._defaults.replace(gpt=gpt, sovits=sovits)
         models = self.pool.models(weights, runtime or self.runtime)
         cloner = VoiceCloner(models, self.references, self.reference_rules, self.settings.max_text_chars)
-        if self.settings.warmup and models.id not in self._warmed:
-            warm_up(models)
-            self._warmed.add(models.id)
+        if self.settings.warmup:
+            with self._lock:
+                first = models.id not in self._warmed
+                self._warmed.add(models.id)
+            if first:
+                warm_up(models)
         return cloner
 
     def synthesize(self, text: str, text_lang: str, reference: Reference,

@@ -29,7 +29,7 @@ def fake_loaders(log: list):
         log.append(("t2s", path.name))
         return Net(100), 2700, torch.zeros(1025)
 
-    def sovits(path, rt):
+    def sovits(path, rt, *extra):
         log.append(("sovits", path.name))
         return Net(100), "v2", 32000
 
@@ -122,7 +122,7 @@ def test_symlink_escape_is_refused(files, tmp_path):
 def test_failed_load_leaves_the_pool_unchanged(files):
     loaders = fake_loaders([])
 
-    def broken(path, rt):
+    def broken(path, rt, *extra):
         raise CheckpointError(f"{path} is not a GPT file")
 
     loaders["t2s"] = broken
@@ -174,3 +174,18 @@ def test_set_default_weights_validates_before_switching(tmp_path):
     with pytest.raises(CheckpointError):
         studio.set_default_weights(gpt=tmp_path / "nope.ckpt")
     assert studio.default_weights == before
+
+
+@pytest.mark.parametrize("version", ["v2", "v2Pro", "v4"])
+def test_warm_up_at_load(version, caplog):
+    import logging
+
+    from engine.options import EngineSettings
+    from engine.pipeline import Studio
+
+    shared = sup.studio(version)
+    studio = Studio(shared.default_weights, shared.runtime, EngineSettings(warmup=True), pool=shared.pool)
+    with caplog.at_level(logging.INFO, logger="engine.pipeline"):
+        studio.cloner()
+        studio.cloner()
+    assert caplog.text.count("warmed up") == 1  # once per model set
