@@ -93,15 +93,16 @@ def main() -> int:
     m32 = base.to(dev, torch.float32)
     check_rules = StopRules(early_stop_num=199, min_steps=10**9)
     ref = T2SDecoder(m32).decode_naive(items1[0], prompt, greedy, check_rules)
-    fast32 = FastT2S(m32)
-    got = fast32.decode_naive(items1[0], prompt, greedy, check_rules)
-    same = torch.equal(ref.tokens.cpu(), got.tokens.cpu())
-    print(json.dumps({"check": "fp32 greedy fast == reference (200 tokens)", "ok": same}), flush=True)
     items8, _ = make_inputs(8)
     ref_b = T2SDecoder(m32).decode_batch(items8, prompt, greedy, check_rules)
-    got_b = fast32.decode_batch(items8, prompt, greedy, check_rules)
-    same_b = all(torch.equal(a.tokens.cpu(), b.tokens.cpu()) for a, b in zip(ref_b, got_b))
-    print(json.dumps({"check": "fp32 greedy batch-8 fast == reference", "ok": same_b}), flush=True)
+    for attention in (("sdpa", "triton") if dev.type == "cuda" else ("sdpa",)):
+        fast32 = FastT2S(m32, attention=attention)
+        got = fast32.decode_naive(items1[0], prompt, greedy, check_rules)
+        same = torch.equal(ref.tokens.cpu(), got.tokens.cpu())
+        print(json.dumps({"check": f"fp32 greedy fast[{attention}] == reference (200 tokens)", "ok": same}), flush=True)
+        got_b = fast32.decode_batch(items8, prompt, greedy, check_rules)
+        same_b = all(torch.equal(a.tokens.cpu(), b.tokens.cpu()) for a, b in zip(ref_b, got_b))
+        print(json.dumps({"check": f"fp32 greedy batch-8 fast[{attention}] == reference", "ok": same_b}), flush=True)
     ref_tokens = ref.tokens.cpu()
     del fast32
 
@@ -110,7 +111,7 @@ def main() -> int:
         if dev.type == "cpu" and dt == torch.float16:
             continue
         model = random_t2s_model(T2SDims(), seed=0).to(dev, dt)
-        if dname != "fp32":
+        if dname != "fp32":  # greedy agreement of the fastest path with the fp32 reference
             got = FastT2S(model).decode_naive(items1[0], prompt, greedy, check_rules).tokens.cpu()
             k = min(len(got), len(ref_tokens))
             diverge = next((i for i in range(k) if got[i] != ref_tokens[i]), k)
@@ -119,17 +120,17 @@ def main() -> int:
         if not args.skip_eager:
             f, med, _ = timed(lambda: T2SDecoder(model).decode_naive(items1[0], prompt, greedy, rules), dev, 1)
             record("eager (reference loop)", dname, 1, f, med, n)
-        for sync_every in ((8, 32) if dev.type == "cuda" else (8,)):
-            fast = FastT2S(model, sync_every=sync_every)
+        for attention in (("sdpa", "triton") if dev.type == "cuda" else ("sdpa",)):
+            fast = FastT2S(model, sync_every=32, attention=attention)
             f, med, _ = timed(lambda: fast.decode_naive(items1[0], prompt, greedy, rules), dev, args.repeats)
-            record(f"fast graph={fast.use_graph} sync={sync_every}", dname, 1, f, med, n)
+            record(f"fast graph={fast.use_graph} attention={attention}", dname, 1, f, med, n)
         f, med, _ = timed(lambda: fast.decode_naive(items1[0], prompt, sampled, rules, torch.Generator(dev).manual_seed(1)),
                           dev, args.repeats)
         record("fast, top-k/top-p sampling", dname, 1, f, med, n)
         if dname == "fp16" or dev.type == "cpu":
             for b in [int(x) for x in args.batches.split(",") if x]:
                 items, _ = make_inputs(b)
-                fb = FastT2S(model, sync_every=32)
+                fb = FastT2S(model, sync_every=32)  # best attention for the device
                 f, med, _ = timed(lambda: fb.decode_batch(items, prompt, sampled, rules,
                                                           torch.Generator(dev).manual_seed(2)), dev, 2)
                 record("fast batched", dname, b, f, med, n)

@@ -36,9 +36,9 @@ def main() -> int:
     prompt = torch.randint(0, 1024, (150,), generator=g)
     rules = StopRules(early_stop_num=args.tokens - 1, min_steps=10**9)
     params = SamplingParams(top_k=15, top_p=0.9, temperature=0.8)
-    variants = [("sdpa", dict(attention="sdpa")), ("matmul", dict(attention="matmul"))]
+    variants = [("sdpa", dict(attention="sdpa")), ("triton", dict(attention="triton"))]
     if args.compile:
-        variants.append(("matmul+compile", dict(attention="matmul", compile_step=True)))
+        variants.append(("triton+compile", dict(attention="triton", compile_step=True)))
     best = None
     for name, kw in variants:
         fast = FastT2S(model, sync_every=32, **kw)
@@ -60,22 +60,13 @@ def main() -> int:
         if best is None or med < best[1]:
             best = (fast, med, name)
     fast, _, name = best
-    st, graph = next(iter(fast._graphs.values()))
-    torch.cuda.synchronize()
-    n = 100
-    t0 = time.perf_counter()
-    for _ in range(n):
-        graph.replay()
-    torch.cuda.synchronize()
-    print(json.dumps({"variant": name, "pure_replay_ms": round(1000 * (time.perf_counter() - t0) / n, 3)}))
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
-        for _ in range(20):
-            fast._draw(st, None)
-            graph.replay()
+        fast.decode_naive(item, prompt, params, rules)
         torch.cuda.synchronize()
-    print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=25, max_name_column_width=70))
+    print(f"profile of one {args.tokens}-token decode with {name}:")
+    print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=25, max_name_column_width=60))
     return 0
 
 

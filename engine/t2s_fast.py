@@ -17,6 +17,7 @@ bounded by ``max_graphs``); requests take turns on it (a lock), each with its ow
 
 from __future__ import annotations
 
+import importlib
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from engine.kernels import triton_available
 from engine.models.t2s import Text2SemanticModel
 from engine.t2s_decoding import SamplingParams, StopRules, T2SInput, T2SOutput
 
@@ -48,39 +50,45 @@ class _State:
     audio_pos: torch.Tensor  # (1,) long: positional index of the next input in the semantic stream
     step: torch.Tensor  # (1,) long: decode step index (official idx) of the logits being sampled
     seen: torch.Tensor  # (B, V) bool: ids present in the row's history
-    params: torch.Tensor  # (4,) float: top_p, temperature, repetition_penalty, top_k
+    params: torch.Tensor  # (4,) float: top_p, temperature, repetition_penalty, unused
     min_steps: torch.Tensor  # (1,) long
     out_token: torch.Tensor  # (B, 1) long: sampled this step
     out_argmax: torch.Tensor  # (B,) long: argmax of the penalised logits this step
     noise: torch.Tensor  # (B, V) float: Exp(1) draws for the race
     hist_token: torch.Tensor  # (B, cap) long: sampled token of every step
     hist_argmax: torch.Tensor  # (B, cap) long: penalised-logits argmax of every step
+    top_k: int = 15  # static per captured graph: part of the graph key
+    use_top_p: bool = False  # static per captured graph: top_p < 1
 
 
 class FastT2S:
     """Fast decoding for one model on one device (owns its CUDA graphs; requests take turns)."""
 
     def __init__(self, model: Text2SemanticModel, use_cuda_graph: bool | None = None,
-                 sync_every: int = 8, max_graphs: int = 8, attention: str = "matmul",
+                 sync_every: int = 8, max_graphs: int = 8, attention: str = "auto",
                  compile_step: bool = False) -> None:
-        if attention not in ("matmul", "sdpa"):
-            raise ValueError(f"attention must be 'matmul' or 'sdpa', not {attention!r}")
+        if attention not in ("auto", "triton", "matmul", "sdpa"):
+            raise ValueError(f"attention must be auto, triton, matmul or sdpa, not {attention!r}")
         self.model = model
-        self.attention = attention
-        # optional: let torch.compile fuse the step's small kernels (first capture then takes minutes)
-        self._step = torch.compile(self._decode_step, dynamic=False) if compile_step else self._decode_step
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
+        if attention == "auto":
+            attention = "triton" if triton_available(self.device) else "sdpa"
+        self.attention = attention
+        # fused Triton kernels for the step (attention with the cache write, add + LayerNorm)
+        self._tk = importlib.import_module("engine.kernels.t2s_triton") if attention == "triton" else None
+        # optional: let torch.compile fuse the step's small kernels (first capture then takes minutes)
+        self._step = torch.compile(self._decode_step, dynamic=False) if compile_step else self._decode_step
         self.use_graph = (self.device.type == "cuda") if use_cuda_graph is None else use_cuda_graph
         self.sync_every = max(1, sync_every)
         self.max_graphs = max_graphs
-        self._graphs: OrderedDict[tuple[int, int], tuple[_State, torch.cuda.CUDAGraph]] = OrderedDict()
+        self._graphs: OrderedDict[tuple, tuple[_State, torch.cuda.CUDAGraph | None]] = OrderedDict()
         self._lock = threading.Lock()
         d = model.dims
         self._n_head, self._hd, self._n_layer, self._vocab = d.n_head, d.head_dim, d.n_layer, d.vocab_size
 
     # ---- buffers -----------------------------------------------------------------------------
-    def _new_state(self, batch: int, cap: int) -> _State:
+    def _new_state(self, batch: int, cap: int, top_k: int, use_top_p: bool) -> _State:
         dev, dt = self.device, self.dtype
         kv_shape = (self._n_layer, batch, self._n_head, cap, self._hd)
         return _State(
@@ -98,29 +106,28 @@ class FastT2S:
             noise=torch.ones(batch, self._vocab, dtype=torch.float32, device=dev),
             hist_token=torch.zeros(batch, cap, dtype=torch.long, device=dev),
             hist_argmax=torch.zeros(batch, cap, dtype=torch.long, device=dev),
+            top_k=min(top_k, self._vocab), use_top_p=use_top_p,
         )
 
     # ---- the math ----------------------------------------------------------------------------
     def _sample(self, st: _State, h_last: torch.Tensor) -> None:
         """Official sampler on the device: penalty, top-p, temperature, top-k, race (in place)."""
         logits = self.model.logits(h_last).float()  # (B, V)
-        top_p, temperature, penalty, top_k = st.params[0], st.params[1], st.params[2], st.params[3]
+        top_p, temperature, penalty = st.params[0], st.params[1], st.params[2]
         logits = torch.where(st.seen, torch.where(logits < 0, logits * penalty, logits / penalty), logits)
         eos_banned = st.step < st.min_steps  # (1,)
         eos_col = torch.zeros_like(logits[:1])
         eos_col[:, -1] = 1.0
         logits = logits.masked_fill((eos_col > 0) & eos_banned, NEG_INF)
         st.out_argmax.copy_(logits.argmax(dim=-1))
-        sorted_logits, sorted_idx = torch.sort(logits, descending=True)
-        cum = torch.cumsum(F.softmax(sorted_logits, dim=-1), dim=-1)
-        remove_sorted = cum > top_p
-        remove_sorted[:, 0] = False
-        remove_sorted &= top_p < 1.0
-        logits = logits.masked_fill(remove_sorted.scatter(1, sorted_idx, remove_sorted), NEG_INF)
+        if st.use_top_p:
+            sorted_logits, sorted_idx = torch.sort(logits, descending=True)
+            cum = torch.cumsum(F.softmax(sorted_logits, dim=-1), dim=-1)
+            remove_sorted = cum > top_p
+            remove_sorted[:, 0] = False
+            logits = logits.masked_fill(remove_sorted.scatter(1, sorted_idx, remove_sorted), NEG_INF)
         logits = logits / torch.clamp(temperature, min=1e-5)
-        # top-k pivot: the k-th largest value (k <= V) read off the sorted order of the scaled logits
-        ranked = torch.sort(logits, descending=True).values
-        pivot = ranked.gather(1, (top_k.long() - 1).clamp(0, self._vocab - 1).expand(logits.shape[0], 1))
+        pivot = torch.topk(logits, st.top_k, dim=-1).values[:, -1:]  # ties at the pivot survive
         logits = torch.where(logits < pivot, NEG_INF, logits)
         probs = F.softmax(logits, dim=-1)
         st.out_token.copy_(torch.argmax(probs / st.noise, dim=-1, keepdim=True))
@@ -135,9 +142,52 @@ class FastT2S:
         pe = m.ar_audio_position.pe.index_select(0, st.audio_pos).to(x.dtype)  # (1, D)
         x = x + m.ar_audio_position.alpha * pe
         st.valid.index_fill_(3, st.pos, True)
+        if self._tk is not None:
+            self._sample(st, self._fused_layers(st, x[:, 0]))
+        else:
+            self._sample(st, self._torch_layers(st, x)[:, -1])
+        st.seen.scatter_(1, st.out_token, True)
+        st.token.copy_(st.out_token)
+        st.pos += 1
+        st.audio_pos += 1
+        st.step += 1
+
+    def _fused_layers(self, st: _State, x: torch.Tensor) -> torch.Tensor:
+        """x (B, D) -> (B, D) through every block with the Triton kernels.
+
+        Each block's second residual add + LayerNorm is folded into the next block's QKV
+        projection (the GEMV prologue); the last one runs on its own.
+        """
+        tk, b = self._tk, x.shape[0]
+        valid = st.valid.view(b, -1)
+        small = b <= tk.MAX_GEMV_ROWS
+
+        def linear(inp, lin_w, lin_b, relu=False, residual=None, norm=None):
+            if small:
+                return tk.gemv(inp, lin_w, lin_b, relu, residual, norm)
+            if norm is not None:
+                inp = tk.add_layer_norm(inp, residual, norm)
+            out = torch._addmm_activation(lin_b, inp, lin_w.t()) if relu else F.linear(inp, lin_w, lin_b)
+            return out, inp
+
+        pending: tuple[torch.Tensor, torch.nn.LayerNorm] | None = None  # (residual, norm) owed by x
+        for i, layer in enumerate(self.model.layers):
+            attn_mod = layer.self_attn
+            qkv, x = linear(x, attn_mod.in_proj_weight, attn_mod.in_proj_bias,
+                            residual=pending[0] if pending else None, norm=pending[1] if pending else None)
+            attn = tk.decode_attention(qkv, st.k[i], st.v[i], valid, st.pos)  # (B, D)
+            h, _ = linear(attn, attn_mod.out_proj.weight, attn_mod.out_proj.bias)
+            hidden, x = linear(h, layer.linear1.weight, layer.linear1.bias, relu=True, residual=x, norm=layer.norm1)
+            f, _ = linear(hidden, layer.linear2.weight, layer.linear2.bias)
+            x, pending = f, (x, layer.norm2)
+        return tk.add_layer_norm(x, pending[0], pending[1])
+
+    def _torch_layers(self, st: _State, x: torch.Tensor) -> torch.Tensor:
+        """x (B, 1, D) -> (B, 1, D) through every block with stock PyTorch operators."""
+        b = x.shape[0]
         st.bias.index_fill_(3, st.pos, 0.0)
         scale = self._hd ** -0.5
-        for i, layer in enumerate(m.layers):
+        for i, layer in enumerate(self.model.layers):
             q, k, v = layer.qkv(x)
             q = q.view(b, 1, self._n_head, self._hd).transpose(1, 2)  # (B, H, 1, hd)
             st.k[i].index_copy_(2, st.pos, k.view(b, 1, self._n_head, self._hd).transpose(1, 2))
@@ -148,12 +198,7 @@ class FastT2S:
                 scores = torch.matmul(q, st.k[i].transpose(-1, -2)).float() * scale + st.bias  # (B, H, 1, cap)
                 attn = torch.matmul(F.softmax(scores, dim=-1).to(q.dtype), st.v[i])  # (B, H, 1, hd)
             x = layer.finish(x, attn.transpose(1, 2).reshape(b, 1, -1))
-        self._sample(st, x[:, -1])
-        st.seen.scatter_(1, st.out_token, True)
-        st.token.copy_(st.out_token)
-        st.pos += 1
-        st.audio_pos += 1
-        st.step += 1
+        return x
 
     def _prefill(self, st: _State, xy: torch.Tensor, mask: torch.Tensor) -> None:
         """Full forward over the prefix (text + prompt tokens) into the cache, then sample step 0."""
@@ -168,12 +213,12 @@ class FastT2S:
         self._sample(st, x[:, -1])
 
     # ---- graphs ------------------------------------------------------------------------------
-    def _state_for(self, batch: int, cap: int) -> tuple[_State, torch.cuda.CUDAGraph | None]:
-        key = (batch, cap)
+    def _state_for(self, batch: int, cap: int, params: SamplingParams) -> tuple[_State, torch.cuda.CUDAGraph | None]:
+        key = (batch, cap, params.top_k, params.top_p < 1.0)
         if key in self._graphs:
             self._graphs.move_to_end(key)
             return self._graphs[key]
-        st = self._new_state(batch, cap)
+        st = self._new_state(batch, cap, params.top_k, params.top_p < 1.0)
         graph = None
         if self.use_graph:
             stream = torch.cuda.Stream(self.device)
@@ -190,12 +235,13 @@ class FastT2S:
             self._graphs.popitem(last=False)
         return st, graph
 
-    def warm_up(self, batch_sizes: Sequence[int] = (1,), capacities: Sequence[int] = (512,)) -> None:
+    def warm_up(self, batch_sizes: Sequence[int] = (1,), capacities: Sequence[int] = (512,),
+                params: SamplingParams = SamplingParams()) -> None:
         """Capture graphs ahead of the first request (each new shape costs a capture otherwise)."""
         with self._lock:
             for b in batch_sizes:
                 for c in capacities:
-                    self._state_for(b, _bucket(c))
+                    self._state_for(b, _bucket(c), params)
 
     # ---- public API (same results as T2SDecoder) ----------------------------------------------
     def decode_naive(self, item: T2SInput, prompt: torch.Tensor | None, params: SamplingParams = SamplingParams(),
@@ -235,7 +281,7 @@ class FastT2S:
         causal[:tx, tx:] = False
         mask = (causal.unsqueeze(0) & key_ok.unsqueeze(1)).unsqueeze(1)
         with self._lock:
-            st, graph = self._state_for(bsz, cap)
+            st, graph = self._state_for(bsz, cap, params)
             st.k.zero_()
             st.v.zero_()
             st.valid.zero_()
@@ -244,8 +290,8 @@ class FastT2S:
             st.seen.zero_()
             if prefix_len:
                 st.seen.scatter_(1, y0, True)
-            st.params.copy_(torch.tensor([params.top_p, params.temperature, params.repetition_penalty,
-                                          float(params.top_k)], device=dev))
+            st.params.copy_(torch.tensor([params.top_p, params.temperature, params.repetition_penalty, 0.0],
+                                         device=dev))
             st.min_steps.fill_(rules.min_steps)
             st.pos.fill_(s)
             st.audio_pos.fill_(prefix_len)
