@@ -148,6 +148,7 @@ def _bad_cases(root: Path, refs: Path) -> list[tuple[dict, int, str]]:
         ({"prompt_lang": "klingon"}, 400, "prompt_lang: 'klingon' is not supported"),
         ({"text": ""}, 400, "text is required"),
         ({"text": "a" * 10_001}, 400, "text: 10001 characters"),
+        ({"prompt_text": "a" * 10_001}, 400, "prompt_text: 10001 characters"),
         ({"top_k": 0}, 400, "top_k must be an integer"),
         ({"top_k": "many"}, 400, "top_k: Input should be a valid integer"),
         ({"top_p": 1.5}, 400, "top_p must be a number"),

@@ -130,6 +130,8 @@ def build_job(ctx: "ServerContext", req: TTSRequest, ref_upload: bytes | None = 
     limit = ctx.studio.settings.max_text_chars
     if len(req.text) > limit:
         raise OptionsError(f"text: {len(req.text)} characters; at most {limit} are accepted per request")
+    if len(req.prompt_text or "") > limit:
+        raise OptionsError(f"prompt_text: {len(req.prompt_text)} characters; at most {limit} are accepted")
     text_lang = _language(req.text_lang, "text_lang")
     prompt_lang = _language(req.prompt_lang, "prompt_lang")
     check_media_type(req.media_type, API_V2_MEDIA_TYPES)
