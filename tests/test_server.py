@@ -172,7 +172,7 @@ def _bad_cases(root: Path, refs: Path) -> list[tuple[dict, int, str]]:
          "sovits_weights_path"),
         ({"sovits_weights_path": str(root / "GPT_SoVITS/pretrained_models/broken.pth")}, 400, "broken.pth"),
         ({"text_lang": "ko", "gpt_weights_path": str(v1_gpt), "sovits_weights_path": str(v1_sovits)}, 400,
-         "text_lang: 'ko' is not supported by v1 models"),
+         "text_lang: language 'ko' is not supported by v1 models"),
     ]
 
 

@@ -77,8 +77,8 @@ STREAMING_MODES = {0: (False, False, False), 1: (True, False, False), 2: (False,
 
 @dataclass(frozen=True)
 class TTSJob:
-    """A validated request: everything the worker needs, nothing it must still check except what
-    depends on the loaded model (its version's languages)."""
+    """A validated request: everything the worker needs; only what depends on the loaded model (its
+    version's languages, the clip's content) is still checked, by the pipeline."""
 
     text: str
     text_lang: str
@@ -107,7 +107,7 @@ def _language(value: str | None, name: str) -> str:
     if value in (None, ""):
         raise OptionsError(f"{name} is required")
     lang = value.lower()
-    valid = languages("v2")  # the widest set; the model's own version is checked on the worker
+    valid = languages("v2")  # the widest set; the pipeline checks the model version's own set
     if lang not in valid:
         raise UnsupportedLanguageError(f"{name}: {value!r} is not supported; use one of {', '.join(valid)}")
     return lang
@@ -122,7 +122,7 @@ def streaming_flags(mode: bool | int) -> tuple[bool, bool, bool]:
 
 def build_job(ctx: "ServerContext", req: TTSRequest, ref_upload: bytes | None = None,
               aux_uploads: tuple[bytes, ...] = ()) -> TTSJob:
-    """Check a request completely (except model-dependent languages) and turn it into a job."""
+    """Check a request (all but what depends on the model) and turn it into a job."""
     from engine.pipeline import Reference
 
     if req.text in (None, "") or not req.text.strip():
@@ -157,9 +157,8 @@ def build_job(ctx: "ServerContext", req: TTSRequest, ref_upload: bytes | None = 
 
 
 def _start(ctx: "ServerContext", job: TTSJob) -> Iterator[Any]:
-    """``Studio.synthesize`` (which validates before the first result), with reference errors named
-    after the request field that gave the clip."""
-    check_model_languages(ctx, job)
+    """``Studio.synthesize`` (which validates before the first result, naming text_lang/prompt_lang when
+    the model's version lacks a language), with reference errors named after the field that gave the clip."""
     try:
         return ctx.studio.synthesize(job.text, job.text_lang, job.reference, job.options, gpt=job.gpt,
                                      sovits=job.sovits)
@@ -167,18 +166,6 @@ def _start(ctx: "ServerContext", job: TTSJob) -> Iterator[Any]:
         if str(e).startswith(("ref_audio_path", "aux_ref_audio_paths")):
             raise
         raise ReferenceAudioError(f"{job.reference_field}: {e}") from e
-
-
-def check_model_languages(ctx: "ServerContext", job: TTSJob) -> None:
-    """The languages of the model this job will use (v1 has no Korean or Cantonese)."""
-    from engine.text.frontend import languages
-
-    version = ctx.studio.cloner(job.gpt, job.sovits).models.version
-    valid = languages(version)
-    for name, lang in (("text_lang", job.text_lang), ("prompt_lang", job.reference.language)):
-        if lang and lang not in valid:
-            raise UnsupportedLanguageError(f"{name}: {lang!r} is not supported by {version} models; "
-                                           f"use one of {', '.join(valid)}")
 
 
 def synthesize_whole(ctx: "ServerContext", job: TTSJob, encode_as: str | None = None,
