@@ -114,6 +114,13 @@ def test_uploaded_reference_is_the_same_voice_as_the_path(server, refs) -> None:
     uploaded = httpx.post(f"{server}/tts", data=fields, files=files, timeout=TIMEOUT)
     assert uploaded.status_code == 200, uploaded.text
     assert uploaded.content == path_answer.content
+    # auxiliary clips: uploaded (aux_ref_audio) or named (aux_ref_audio_paths) give the same voice mix
+    named_aux = httpx.post(f"{server}/tts", json=tts_query(aux_ref_audio_paths=["ref_01.wav"]), timeout=TIMEOUT)
+    files = [("ref_audio", ("a.wav", (refs / "ref_00.wav").read_bytes())),
+             ("aux_ref_audio", ("b.wav", (refs / "ref_01.wav").read_bytes()))]
+    uploaded_aux = httpx.post(f"{server}/tts", data=fields, files=files, timeout=TIMEOUT)
+    assert named_aux.status_code == uploaded_aux.status_code == 200, uploaded_aux.text
+    assert uploaded_aux.content == named_aux.content != path_answer.content
 
 
 @pytest.mark.parametrize("mode,flags", [(1, {"return_fragment": True}), (2, {"streaming_mode": True})])
