@@ -150,7 +150,8 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def missing_message(root: Path, missing: Sequence[Asset], reason: str = "") -> str:
+def missing_message(root: Path, missing: Sequence[Asset], reason: str = "",
+                    check_command: str = "sovits-studio download --check") -> str:
     """What is missing, where to get it and exactly where to put it."""
     lines = [f"{len(missing)} file(s) are missing{f' ({reason})' if reason else ''}:"]
     for a in missing:
@@ -158,7 +159,7 @@ def missing_message(root: Path, missing: Sequence[Asset], reason: str = "") -> s
         how = f"unzip {a.url} there (one folder holding {', '.join(a.unpack_markers)})" if a.unpack else a.url
         lines.append(f"  {a.what}: {dest}\n      from {how}")
     lines.append("Put each file at the path shown (the official GPT-SoVITS layout), then run "
-                 "`sovits-studio download --check` to verify.")
+                 f"`{check_command}` to verify.")
     return "\n".join(lines)
 
 
@@ -249,6 +250,7 @@ def download(
     revision: str = "main",
     verify_checksums: bool = True,
     log: Callable[[str], None] = print,
+    check_command: str = "sovits-studio download --check",
 ) -> DownloadReport:
     """Fetch every asset not yet present under ``root``. Raises DownloadError listing what is still
     missing (and where it goes) when the hub cannot be reached or a download is corrupt."""
@@ -286,7 +288,7 @@ def download(
             report.missing.append(a)
             offline = f"the hub cannot be reached: {type(e).__name__}"
     if report.missing:
-        raise DownloadError(missing_message(root, report.missing, offline or "; ".join(corrupt)), report)
+        raise DownloadError(missing_message(root, report.missing, offline or "; ".join(corrupt), check_command), report)
     return report
 
 

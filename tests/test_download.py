@@ -195,3 +195,4 @@ def test_cli_offline_with_the_real_hub_client(tmp_path, monkeypatch, capsys) -> 
     err = capsys.readouterr().err
     assert "cannot be reached" in err
     assert str((tmp_path / "GPT_SoVITS/pretrained_models/s2G488k.pth").resolve()) in err
+    assert f"sovits-studio download --version v1 --root {tmp_path} --check" in err
