@@ -135,3 +135,26 @@ def test_settings_are_validated() -> None:
         ServerSettings(max_tokens_per_sentence=0)
     with pytest.raises(OptionsError, match="reference_roots"):
         ServerSettings(reference_roots="refs")
+
+
+def test_an_unexpected_failure_is_a_json_500_and_counted(tmp_path) -> None:
+    refs = tmp_path / "refs"
+    refs.mkdir()
+    (refs / "a.wav").write_bytes(b"x")
+    app, _ = _context(tmp_path, reference_roots=(str(refs),))
+    body = {"text": "hi", "text_lang": "en", "prompt_lang": "en", "ref_audio_path": "a.wav"}
+
+    async def main():
+        # Starlette re-raises after answering (for the server log); the client still gets the answer
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
+            failed = await c.post("/tts", json=body)
+            openai = await c.post("/v1/audio/speech", json={"input": "hi", "voice": "x"})
+            metrics = await c.get("/metrics")
+        return failed, openai, metrics
+
+    failed, openai, metrics = asyncio.run(main())
+    assert failed.status_code == 500
+    assert failed.json() == {"message": "internal error: AssertionError: no synthesis expected"}
+    assert openai.status_code == 400 and openai.json()["error"]["param"] == "voice"  # no profiles folder
+    assert 'sovits_requests_total{endpoint="/tts",status="500"} 1' in metrics.text

@@ -168,6 +168,10 @@ def create_app(studio: "Studio", settings: ServerSettings = ServerSettings(),
     async def _engine_error(request: Request, exc: EngineError) -> JSONResponse:
         return error_response(request, exc)
 
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        return error_response(request, exc)  # 500 with a JSON body (api_v2 clients read "message")
+
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         return JSONResponse({"message": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
