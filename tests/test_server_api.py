@@ -158,3 +158,38 @@ def test_an_unexpected_failure_is_a_json_500_and_counted(tmp_path) -> None:
     assert failed.json() == {"message": "internal error: AssertionError: no synthesis expected"}
     assert openai.status_code == 400 and openai.json()["error"]["param"] == "voice"  # no profiles folder
     assert 'sovits_requests_total{endpoint="/tts",status="500"} 1' in metrics.text
+
+
+def test_serve_command_starts_answers_and_exits_on_control(tmp_path) -> None:
+    """`sovits-studio serve` as a user runs it (no weights yet): it warns, serves, and `/control?command=exit`
+    ends it cleanly."""
+    import subprocess
+    import sys
+    import time
+
+    from conftest import REPO
+    from server_fixtures import free_port
+
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "serve", "-p", str(port)], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+                break
+            except httpx.TransportError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError(f"serve did not start: {proc.communicate()[1][-2000:]}") from None
+                time.sleep(0.2)
+        assert health.json()["status"] == "ok"
+        assert httpx.get(f"http://127.0.0.1:{port}/control", params={"command": "exit"}).status_code == 200
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0
+    assert "sovits-studio download --version v2" in err  # the missing default weights, and how to get them
