@@ -44,7 +44,7 @@ class TTSRequest(BaseModel):
     ref_audio_path: str | None = None  # required (or an uploaded ref_audio)
     aux_ref_audio_paths: list[str] | None = None
     prompt_lang: str | None = None  # required
-    prompt_text: str = ""
+    prompt_text: str | None = ""  # null reads as "" (no transcript: reference-free, v1/v2/v2Pro* only)
     top_k: int = _D.top_k
     top_p: float = _D.top_p
     temperature: float = _D.temperature
