@@ -193,3 +193,24 @@ def test_serve_command_starts_answers_and_exits_on_control(tmp_path) -> None:
             proc.communicate()
     assert proc.returncode == 0
     assert "sovits-studio download --version v2" in err  # the missing default weights, and how to get them
+
+
+def test_mounted_under_a_prefix_keeps_its_error_shapes_and_labels(tmp_path) -> None:
+    """The web UI mounts this app beside Gradio; paths, OpenAI error shapes and metric labels still hold."""
+    from fastapi import FastAPI
+
+    app, _ = _context(tmp_path)
+    outer = FastAPI()
+    outer.mount("/api", app)
+
+    async def main():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=outer), base_url="http://test") as c:
+            speech = await c.post("/api/v1/audio/speech", json={"input": "hi"})
+            tts = await c.get("/api/tts", params={"text": ""})
+            metrics = await c.get("/api/metrics")
+        return speech, tts, metrics
+
+    speech, tts, metrics = asyncio.run(main())
+    assert speech.status_code == 400 and speech.json()["error"]["param"] == "voice"
+    assert tts.status_code == 400 and tts.json() == {"message": "text is required (it is empty)"}
+    assert 'sovits_requests_total{endpoint="/tts",status="400"} 1' in metrics.text

@@ -16,6 +16,12 @@ ENDPOINTS = ("/tts", "/set_gpt_weights", "/set_sovits_weights", "/set_refer_audi
              "/v1/audio/speech", "/v1/voices", "/metrics", "/health")
 
 
+def local_path(scope: Mapping[str, Any]) -> str:
+    """The request path inside this app (without the prefix it is mounted under, e.g. next to Gradio)."""
+    path, root = scope.get("path", ""), scope.get("root_path", "")
+    return (path[len(root):] or "/") if root and path.startswith(root) else path
+
+
 def endpoint_label(path: str) -> str:
     if path in ENDPOINTS:
         return path
@@ -63,7 +69,8 @@ def error_response(request: Any, exc: BaseException):
     if status >= 500 and status != 503:
         log.error("request %s failed", request.url.path, exc_info=exc)
     headers = {"Retry-After": "1"} if status == 503 else None
-    return JSONResponse(error_body(exc, request.url.path.startswith("/v1/")), status_code=status, headers=headers)
+    return JSONResponse(error_body(exc, local_path(request.scope).startswith("/v1/")), status_code=status,
+                        headers=headers)
 
 
 def describe_validation_error(errors: Iterable[Mapping[str, Any]]) -> str:
@@ -86,7 +93,7 @@ class BodyLimitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        endpoint = endpoint_label(scope.get("path", ""))
+        endpoint = endpoint_label(local_path(scope))
         status = {"code": 500}
 
         async def counting_send(message) -> None:
