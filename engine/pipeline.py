@@ -188,6 +188,16 @@ def _sola_pair(f1: torch.Tensor, f2: torch.Tensor, overlap: int, search: int = 3
     return torch.cat([a[:-overlap], tail]).to(f1.dtype)
 
 
+def _with_lookahead(items: Iterator[list]) -> Iterator[tuple[list, bool]]:
+    """``(item, more)`` pairs: ``more`` says whether another item follows (computed one item ahead)."""
+    it = iter(items)
+    current = next(it, None)
+    while current is not None:
+        following = next(it, None)
+        yield current, following is not None
+        current = following
+
+
 @dataclass(frozen=True)
 class _Sentence:
     index: int
@@ -365,84 +375,76 @@ class VoiceCloner:
     def _run(self, texts: list[str], lang: str, ref: PreparedReference, opts: SynthesisOptions, plan: SynthesisPlan,
              seed: int, on_progress: ProgressCallback | None) -> Iterator[Result]:
         m = self.models
-        gen = torch.Generator(device=m.device).manual_seed(seed)
+        gen = torch.Generator(device=m.device).manual_seed(seed)  # one RNG stream per request
         decoder = T2SDecoder(m.t2s, generator=gen)
         params = SamplingParams(top_k=opts.top_k, top_p=float(opts.top_p), temperature=float(opts.temperature),
                                 repetition_penalty=float(opts.repetition_penalty))
         rules = StopRules(early_stop_num=opts.early_stop_num if opts.early_stop_num is not None else m.early_stop_num)
         total = len(texts)
-        lazy = plan.return_fragment or plan.streaming
-        if lazy:
-            groups = [list(range(i, min(i + opts.batch_size, total))) for i in range(0, total, opts.batch_size)]
-            batches_of = ((g, [s for i in g if (s := self._features(i, texts[i], lang)) is not None]) for g in groups)
+        counter = {"index": 0, "done": 0}
+
+        def release(audio: np.ndarray, s: _Sentence, tokens: tuple[int, ...], last: bool,
+                    kind: str = "speech") -> Result:
+            r = Result(audio=audio, sample_rate=m.output_sample_rate, text=s.norm_text, phones=s.phones,
+                       index=counter["index"], sentence=s.index, is_last=last, seed=seed, tokens=tokens, kind=kind)
+            counter["index"] += 1
+            return r
+
+        def progress(n: int) -> None:
+            counter["done"] += n
+            if on_progress is not None:
+                on_progress(counter["done"], total)
+
+        if plan.return_fragment or plan.streaming:
+            # official: sentences grouped by batch_size in text order, featurised batch by batch
+            groups = ([s for i in range(start, min(start + opts.batch_size, total))
+                       if (s := self._features(i, texts[i], lang)) is not None]
+                      for start in range(0, total, opts.batch_size))
+            last_index = None  # known only once the last batch is featurised (see _with_lookahead)
+            batches = _with_lookahead(g for g in groups if g)
         else:
             feats = [s for i, t in enumerate(texts) if (s := self._features(i, t, lang)) is not None]
             if not feats:
                 raise TextError("no sentence of the text could be read (no phones): check the text and text_lang")
-            by_pos = bucket_batches([len(s.norm_text) for s in feats], opts.batch_size, opts.batch_threshold,
-                                    plan.split_bucket)
-            batches_of = ((b, [feats[j] for j in b]) for b in by_pos)
-        # lazy batches arrive in text order; bucketed ones are released in the original order
-        order = [s.index for s in feats] if not lazy else []
-        state = {"index": 0, "done": 0}
-        pending: dict[int, list[Result]] = {}
-        next_pos = 0  # position in `order` of the next sentence to release
-
-        def make(audio: np.ndarray, s: _Sentence, tokens: tuple[int, ...], kind: str = "speech") -> Result:
-            r = Result(audio=audio, sample_rate=m.output_sample_rate, text=s.norm_text, phones=s.phones,
-                       index=0, sentence=s.index, is_last=False, seed=seed, tokens=tokens, kind=kind)
-            return r
-
-        def release(r: Result, last: bool) -> Result:
-            from dataclasses import replace
-
-            out = replace(r, index=state["index"], is_last=last)
-            state["index"] += 1
-            return out
-
-        # Results are produced per sentence; to mark the very last one we hold back one result.
-        held: list[Result] = []
-
-        def push(rs: list[Result]) -> Iterator[Result]:
-            for r in rs:
-                if held:
-                    yield release(held.pop(), False)
-                held.append(r)
-
+            last_index = feats[-1].index
+            buckets = bucket_batches([len(s.norm_text) for s in feats], opts.batch_size, opts.batch_threshold,
+                                     plan.split_bucket)
+            batches = (([feats[j] for j in b], True) for b in buckets)
+        pending: dict[int, tuple[np.ndarray, _Sentence, tuple[int, ...]]] = {}
+        order = [] if last_index is None else [s.index for s in feats]  # bucketed: release in text order
+        next_pos = 0
+        produced = False
+        gap = silence(opts.fragment_interval, m.sovits_sample_rate)  # official quirk: counted at the SoVITS rate
         try:
-            for _, items in batches_of:
-                if not items:
-                    continue
+            for items, more in batches:
                 if plan.streaming:
-                    for s in items:
-                        yield from push(self._stream_sentence(s, ref, opts, decoder, params, rules, gen, make))
-                        state["done"] += 1
-                        if on_progress:
-                            on_progress(state["done"], total)
+                    for k, s in enumerate(items):
+                        final_sentence = not more and k == len(items) - 1
+                        for audio, toks, kind, end in self._stream_sentence(s, ref, opts, decoder, params, rules,
+                                                                           gen):
+                            produced = True
+                            yield release(audio, s, toks, final_sentence and end, kind)
+                        progress(1)
                     continue
                 outs = self._decode_batch(items, ref, plan, decoder, params, rules)
                 audios = self._acoustic(items, outs, ref, opts, plan, gen)
-                gap = silence(opts.fragment_interval, m.sovits_sample_rate)  # official quirk: SoVITS rate
-                for s, out, audio in zip(items, outs, audios):
+                progress(len(items))
+                for k, (s, out, audio) in enumerate(zip(items, outs, audios)):
                     a = postprocess(audio)
-                    pending[s.index] = [make(np.concatenate([a, gap]) if gap.size else a, s,
-                                             tuple(int(t) for t in out.tokens.tolist()))]
-                state["done"] += len(items)
-                if on_progress:
-                    on_progress(state["done"], total)
-                if lazy:  # batches come in text order
-                    for s in items:
-                        yield from push(pending.pop(s.index))
-                while next_pos < len(order) and order[next_pos] in pending:  # original sentence order
-                    yield from push(pending.pop(order[next_pos]))
+                    entry = (np.concatenate([a, gap]) if gap.size else a, s, tuple(int(t) for t in out.tokens.tolist()))
+                    if last_index is None:  # lazy batches come in text order
+                        produced = True
+                        yield release(*entry, last=not more and k == len(items) - 1)
+                    else:
+                        pending[s.index] = entry
+                while next_pos < len(order) and order[next_pos] in pending:
+                    produced = True
+                    entry = pending.pop(order[next_pos])
                     next_pos += 1
-            for idx in sorted(pending):
-                yield from push(pending.pop(idx))
-            if not held:
+                    yield release(*entry, last=entry[1].index == last_index)
+            if not produced:
                 raise TextError("no sentence of the text could be read (no phones): check the text and text_lang")
-            yield release(held.pop(), True)
         finally:
-            held.clear()
             pending.clear()
 
     # ---- stages ------------------------------------------------------------------------
@@ -502,9 +504,12 @@ class VoiceCloner:
 
     @torch.no_grad()
     def _stream_sentence(self, s: _Sentence, ref: PreparedReference, opts: SynthesisOptions, decoder: T2SDecoder,
-                         params: SamplingParams, rules: StopRules, gen: torch.Generator, make) -> Iterator[Result]:
+                         params: SamplingParams, rules: StopRules, gen: torch.Generator,
+                         ) -> Iterator[tuple[np.ndarray, tuple[int, ...], str, bool]]:
         """Official token-chunk streaming of one sentence (spec §9.6): chunks at mute tokens, decode the
-        newest frames cross-faded with the previous latent, SOLA-join the audio."""
+        newest frames cross-faded with the previous latent, SOLA-join the audio.
+
+        Yields ``(audio, tokens, kind, ends_sentence)`` as soon as each chunk is decoded."""
         from engine.sovits_streaming import chunk_tokens, decode_streaming
 
         m = self.models
@@ -516,13 +521,14 @@ class VoiceCloner:
         steps = decoder.naive_steps(self._t2s_input(s, ref), ref.prompt_semantic, params, rules)
         sim = None if opts.fixed_length_chunk else m.mute_similarity
         sv = list(ref.sv) if ref.sv is not None else None
+        gap = silence(opts.fragment_interval, m.output_sample_rate)  # official: output rate here
         previous: list[int] = []
         last_audio = last_latent = None
         first = True
         for toks, final in chunk_tokens(steps, opts.min_chunk_length, sim):
             if toks is None:
                 if last_audio is not None:
-                    yield make(postprocess(last_audio[-overlap_size:]), s, ())
+                    yield postprocess(last_audio[-overlap_size:]), (), "speech", not gap.size
                 break
             previous.extend(toks)
             n = len(toks)
@@ -545,10 +551,10 @@ class VoiceCloner:
                 joined = _sola_pair(last_audio, out, overlap_size)
                 out = joined[last_audio.shape[0] - overlap_size: -overlap_size]
             last_latent, last_audio = latent, audio
-            yield make(postprocess(out), s, tuple(toks))
-        gap = silence(opts.fragment_interval, m.output_sample_rate)
+            # with toks None next, the tail still follows: a non-final chunk never ends the sentence
+            yield postprocess(out), tuple(toks), "speech", final and not gap.size
         if gap.size:
-            yield make(gap, s, (), kind="silence")
+            yield gap, (), "silence", True
 
 
 # ---- the engine -----------------------------------------------------------------------------

@@ -289,3 +289,29 @@ def test_reference_needs_prompt_lang_with_text():
         Reference(b"x", "some transcript", "")
     with pytest.raises(ReferenceAudioError, match="ref_audio_path"):
         Reference("")
+
+
+def test_results_are_released_as_soon_as_they_are_made():
+    cloner = sup.studio("v2").cloner()
+    calls = []
+    stream = cloner("Nice to meet you.", "en", reference(),
+                    FAST.replace(streaming_mode=True, min_chunk_length=4, early_stop_num=16, fixed_length_chunk=True),
+                    on_progress=lambda d, t: calls.append(d))
+    first = next(stream)
+    assert first.kind == "speech" and not first.is_last and calls == []  # the sentence is still being decoded
+    rest = list(stream)
+    assert rest[-1].is_last and calls == [1]
+    calls.clear()
+    fragments = cloner(TWO_SENTENCES, "en", reference(), FAST.replace(return_fragment=True),
+                       on_progress=lambda d, t: calls.append(d))
+    assert next(fragments).sentence == 0 and calls == [1]  # sentence 1 not synthesised yet
+    assert [r.is_last for r in fragments] == [True]
+
+
+def test_streaming_without_fragment_silence_marks_the_last_chunk():
+    cloner = sup.studio("v2").cloner()
+    results = list(cloner("Nice to meet you.", "en", reference(),
+                          FAST.replace(streaming_mode=True, min_chunk_length=4, early_stop_num=16,
+                                       fragment_interval=0.0)))
+    check_order(results)
+    assert all(r.kind == "speech" for r in results)
