@@ -183,20 +183,27 @@ class FastT2S:
         return tk.add_layer_norm(x, pending[0], pending[1])
 
     def _torch_layers(self, st: _State, x: torch.Tensor) -> torch.Tensor:
-        """x (B, 1, D) -> (B, 1, D) through every block with stock PyTorch operators."""
+        """x (B, 1, D) -> (B, 1, D) through every block with stock PyTorch operators.
+
+        Without a graph the step may look at the host-side length and attend only the filled
+        part of the cache (much less work on CPUs); under a graph it attends the whole capacity.
+        """
         b = x.shape[0]
         st.bias.index_fill_(3, st.pos, 0.0)
         scale = self._hd ** -0.5
+        end = st.k.shape[3] if self.use_graph else int(st.pos) + 1
+        valid, bias = st.valid[..., :end], st.bias[..., :end]
         for i, layer in enumerate(self.model.layers):
             q, k, v = layer.qkv(x)
             q = q.view(b, 1, self._n_head, self._hd).transpose(1, 2)  # (B, H, 1, hd)
             st.k[i].index_copy_(2, st.pos, k.view(b, 1, self._n_head, self._hd).transpose(1, 2))
             st.v[i].index_copy_(2, st.pos, v.view(b, 1, self._n_head, self._hd).transpose(1, 2))
+            keys, values = st.k[i][:, :, :end], st.v[i][:, :, :end]
             if self.attention == "sdpa":
-                attn = F.scaled_dot_product_attention(q, st.k[i], st.v[i], attn_mask=st.valid)
-            else:  # one query: two batched GEMVs and a float32 softmax beat the masked SDPA kernels
-                scores = torch.matmul(q, st.k[i].transpose(-1, -2)).float() * scale + st.bias  # (B, H, 1, cap)
-                attn = torch.matmul(F.softmax(scores, dim=-1).to(q.dtype), st.v[i])  # (B, H, 1, hd)
+                attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=valid)
+            else:  # one query: two batched GEMVs and a float32 softmax
+                scores = torch.matmul(q, keys.transpose(-1, -2)).float() * scale + bias  # (B, H, 1, end)
+                attn = torch.matmul(F.softmax(scores, dim=-1).to(q.dtype), values)  # (B, H, 1, hd)
             x = layer.finish(x, attn.transpose(1, 2).reshape(b, 1, -1))
         return x
 
