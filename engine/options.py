@@ -49,7 +49,7 @@ class SynthesisOptions:
     temperature: float = 1.0  # logits divided by max(temperature, 1e-5)
     repetition_penalty: float = 1.35  # once per distinct token already in the sequence
     seed: int = -1  # -1: a random seed in [0, 2^32-1] (reported on every Result)
-    early_stop_num: int | None = None  # max new tokens per sentence; None: the checkpoint's hz*max_sec (2700)
+    early_stop_num: int | None = None  # stop once more tokens than this are generated; None: hz*max_sec of the GPT (2700)
     # ---- acoustic ---------------------------------------------------------------------------
     speed_factor: float = 1.0  # > 1 speaks faster (latent time-stretch; disables bucketing)
     sample_steps: int = 32  # CFM Euler steps (v3/v4 only)

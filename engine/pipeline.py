@@ -280,7 +280,10 @@ class VoiceCloner:
         bert = None
         norm = ""
         if prompt_text:
-            tf = self.frontend.phones_and_bert(prompt_text, lang)
+            try:
+                tf = self.frontend.phones_and_bert(prompt_text, lang)
+            except TextError as e:
+                raise TextError(f"prompt_text: {e}") from e
             phones, norm = tf.phone_ids, tf.norm_text
             bert = self._bert_features(tf).to(dev)
         voice_prompt = None

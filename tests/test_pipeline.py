@@ -315,3 +315,27 @@ def test_streaming_without_fragment_silence_marks_the_last_chunk():
                                        fragment_interval=0.0)))
     check_order(results)
     assert all(r.kind == "speech" for r in results)
+
+
+@pytest.mark.parametrize("version", ["v2", "v2Pro"])
+@pytest.mark.parametrize("speed", [1.0, 1.3])
+def test_decode_streaming_without_crop_equals_decode(version, speed):
+    """decode_streaming re-runs enc_p with the streaming crop; uncropped it must be the model's own decode."""
+    from engine.sovits_streaming import decode_streaming
+
+    models = sup.studio(version).cloner().models
+    cloner = VoiceCloner(models, ReferenceCache())
+    ref = cloner.prepare(reference())
+    codes = torch.randint(0, 1024, (1, 1, 14), generator=torch.Generator().manual_seed(1))
+    phones = torch.randint(1, 300, (1, 9), generator=torch.Generator().manual_seed(2))
+    sv = list(ref.sv) if ref.sv is not None else None
+    want = models.sovits.decode(codes, phones, list(ref.specs), speed=speed, sv_emb=sv,
+                                generator=torch.Generator().manual_seed(5))
+    got, latent = decode_streaming(models.sovits, codes, phones, list(ref.specs), sv, speed=speed,
+                                   generator=torch.Generator().manual_seed(5))
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert latent.shape[-1] == 2 * 14  # the latent before the speed change, at 50 Hz
+    # cropped: only the last frames are synthesised
+    part, _ = decode_streaming(models.sovits, codes, phones, list(ref.specs), sv, result_length=4,
+                               overlap_frames=latent[:, :, -4:], generator=torch.Generator().manual_seed(5))
+    assert part.shape[-1] == 2 * 4 * math.prod(models.sovits.dims.upsample_rates)
