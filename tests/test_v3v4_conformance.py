@@ -226,3 +226,25 @@ def test_rope_pairing_is_interleaved(folder):
 
     assert rel_err(mel_with(True), ref_mel) <= FEATURE_RTOL
     assert rel_err(mel_with(False), ref_mel) > 100 * FEATURE_RTOL
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_tolerances_are_well_above_the_float32_noise_floor(folder):
+    """Re-measure the floor behind the tolerances: the same run in float64 vs the float32 fixture."""
+    from engine.loading.sovits_v3 import load_sovits_v3
+    from engine.loading.vocoder import load_bigvgan
+    from engine.vocoder_synthesis import prepare_prompt, replay_noise, synthesize_sequential
+
+    inputs, expected, meta = fixture(folder)
+    name = min(meta["v3_runs"], key=lambda n: meta["v3_runs"][n]["sample_steps"])
+    run, want = meta["v3_runs"][name], expected[f"v3_{name}"]
+    m = load_sovits_v3(sovits_file(folder), version="v3").double()
+    voc = load_bigvgan([f for f in bigvgan_folders(folder) if f.name == "bigvgan_small"][0]).double()
+    pr = prepare_prompt(m, inputs["prompt_semantic"], inputs["prompt_phones"], expected["refer_spec"].double(),
+                        inputs["ref_wav_32k"], 32000)
+    noise = replay_noise([n.double() for n in want["cfm_noise"]])
+    audio, mel = synthesize_sequential(m, voc, pr, inputs[run["target_semantic"]], inputs[run["target_phones"]],
+                                       run["speed"], run["sample_steps"], noise=noise)
+    floor_mel, floor_audio = rel_err(mel, want["vocoder_input_mel"]), rel_err(audio, want["audio"])
+    assert 0 < floor_mel < FEATURE_RTOL / 5 and 0 < floor_audio < AUDIO_RTOL / 5, (floor_mel, floor_audio)

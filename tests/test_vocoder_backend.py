@@ -122,3 +122,31 @@ def test_real_loader_rejects_a_missing_package_before_loading(tmp_path):
     sel = select_vocoder("coreml", torch_vocoder, package=str(tmp_path / "none.mlpackage"), system="Darwin",
                          coremltools_ok=True, **COMMON)
     assert sel.backend == "torch" and "not found" in sel.reason
+
+
+def test_coreml_wrapper_feeds_pads_and_windows(tmp_path):
+    """The macOS wrapper's own logic, with Core ML's predict() faked by a torch function."""
+    import numpy as np
+
+    from engine.coreml.package import CoreMLVocoder, PackageInfo
+
+    calls = []
+
+    class FakeModel:
+        def predict(self, feed):
+            calls.append({k: v.shape for k, v in feed.items()})
+            mel = torch.from_numpy(feed["mel"])
+            return {"audio": torch_vocoder(mel).numpy().astype(np.float32)}
+
+    info = PackageInfo(path=tmp_path / "p.mlpackage", kind="bigvgan", sample_rate=24000, hop=HOP, channels=100,
+                       min_frames=8, max_frames=200, input_names=("mel",), output_name="audio", quantize="none",
+                       precision="", metadata={})
+    voc = CoreMLVocoder.__new__(CoreMLVocoder)  # skip __init__: no Core ML runtime off macOS
+    voc.info, voc._model = info, FakeModel()
+    mel = torch.randn(1, 100, 450) - 5
+    assert torch.allclose(voc(mel), torch_vocoder(mel), atol=1e-6)  # three windows, context discarded
+    assert all(c["mel"][-1] <= 200 for c in calls) and len(calls) > 1
+    short = torch.randn(1, 100, 3) - 5
+    out = voc(short)  # padded to min_frames, extra audio cut
+    assert out.shape == (1, 1, 3 * HOP) and calls[-1]["mel"] == (1, 100, 8)
+    assert torch.allclose(out, torch_vocoder(short), atol=1e-6)
