@@ -79,15 +79,17 @@ def relative_error(candidate: torch.Tensor, reference: torch.Tensor) -> float:
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))
 
 
-def probe_input(channels: int, frames: int = PROBE_FRAMES, seed: int = 0) -> torch.Tensor:
-    """A short, deterministic log-mel-like input (1, channels, frames)."""
+def probe_inputs(channels: int, gin_channels: int = 0, frames: int = PROBE_FRAMES, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    """Short deterministic inputs: a log-mel-like (1, channels, frames), or for the v2 decoder a latent + style vector."""
     gen = torch.Generator().manual_seed(seed)
-    return torch.randn(1, channels, frames, generator=gen) * 1.5 - 5.0
+    if gin_channels:
+        return torch.randn(1, channels, frames, generator=gen), torch.randn(1, gin_channels, 1, generator=gen)
+    return (torch.randn(1, channels, frames, generator=gen) * 1.5 - 5.0,)
 
 
 @dataclass(frozen=True)
 class SelectedVocoder:
-    vocoder: Callable[[torch.Tensor], torch.Tensor]
+    vocoder: Callable[..., torch.Tensor]  # mel -> audio, or (z, ge) -> audio for the v2 decoder
     backend: str
     reason: str = ""  # why Core ML was not used, when it was requested
     probe_error: float | None = None  # measured relative difference on the probe input
@@ -95,21 +97,23 @@ class SelectedVocoder:
 
 def select_vocoder(
     requested: str,
-    torch_vocoder: Callable[[torch.Tensor], torch.Tensor],
+    torch_vocoder: Callable[..., torch.Tensor],
     *,
     kind: str,
     sample_rate: int,
     hop: int,
     channels: int,
     package: str | None = None,
+    gin_channels: int = 0,
     system: str | None = None,
     coremltools_ok: bool | None = None,
-    load_package: Callable[..., Callable[[torch.Tensor], torch.Tensor]] | None = None,
+    load_package: Callable[..., Callable[..., torch.Tensor]] | None = None,
     tolerance: float | None = None,
 ) -> SelectedVocoder:
     """The vocoder to use for mel->audio, honouring ``requested`` where it works (see the module docstring).
 
-    ``system``, ``coremltools_ok`` and ``load_package`` default to the real machine; tests pass fakes.
+    ``gin_channels`` > 0 marks the v2 decoder, called as ``vocoder(z, ge)``. ``system``,
+    ``coremltools_ok`` and ``load_package`` default to the real machine; tests pass fakes.
     Bad configuration values raise ConfigError; anything wrong with the package falls back to torch.
     """
     system = current_system() if system is None else system
@@ -131,11 +135,11 @@ def select_vocoder(
 
     quantize = getattr(getattr(candidate, "info", None), "quantize", "none")
     limit = tolerance if tolerance is not None else DEFAULT_TOLERANCE.get(quantize, DEFAULT_TOLERANCE["none"])
-    mel = probe_input(channels)
+    probe = probe_inputs(channels, gin_channels)
     try:
         with torch.inference_mode():
-            reference = torch_vocoder(mel)
-            got = candidate(mel)
+            reference = torch_vocoder(*probe)
+            got = candidate(*probe)
         err = relative_error(got, reference)
     except Exception as e:  # a package that loads but cannot predict (Core ML runtime errors vary)
         reason = f"Core ML vocoder not used: its test prediction failed ({type(e).__name__}: {e}); using the torch vocoder"

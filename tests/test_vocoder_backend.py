@@ -150,3 +150,16 @@ def test_coreml_wrapper_feeds_pads_and_windows(tmp_path):
     out = voc(short)  # padded to min_frames, extra audio cut
     assert out.shape == (1, 1, 3 * HOP) and calls[-1]["mel"] == (1, 100, 8)
     assert torch.allclose(out, torch_vocoder(short), atol=1e-6)
+
+
+def test_v2_decoder_is_probed_with_a_style_vector():
+    seen = []
+
+    def dec(z, ge):  # the v2 HiFi-GAN decoder signature
+        seen.append((tuple(z.shape), tuple(ge.shape)))
+        return torch.tanh(z.mean(1, keepdim=True) + ge.mean()).repeat_interleave(HOP, dim=-1)
+
+    sel = select_vocoder("coreml", dec, kind="v2", sample_rate=32000, hop=HOP, channels=192, gin_channels=512,
+                         package="v2.mlpackage", system="Darwin", coremltools_ok=True, load_package=loader_returning(dec))
+    assert sel.backend == "coreml" and sel.probe_error == 0.0
+    assert seen[0] == ((1, 192, 32), (1, 512, 1))
