@@ -21,7 +21,7 @@ from engine.t2s_decoding import (
     filter_logits,
     penalize_repeats,
 )
-from engine.testweights.t2s import official_config, write_t2s
+from engine.testweights.t2s import TINY_BERT_DIM, official_config, write_t2s
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +32,7 @@ def tiny(tmp_path_factory) -> Text2SemanticModel:
 
 def _item(seed: int, n: int = 12) -> T2SInput:
     g = torch.Generator().manual_seed(seed)
-    return T2SInput(torch.randint(1, 732, (n,), generator=g), torch.randn(1024, n, generator=g))
+    return T2SInput(torch.randint(1, 732, (n,), generator=g), torch.randn(TINY_BERT_DIM, n, generator=g))
 
 
 def test_top_p_has_no_shift_and_top_k_keeps_ties() -> None:

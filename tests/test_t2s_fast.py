@@ -21,7 +21,7 @@ from conftest import REPO, folder_params
 from engine.loading.t2s import load_t2s
 from engine.t2s_decoding import SamplingParams, StopRules, T2SDecoder, T2SInput
 from engine.t2s_fast import FastT2S
-from engine.testweights.t2s import write_t2s
+from engine.testweights.t2s import TINY_BERT_DIM, write_t2s
 
 FOLDERS = folder_params("t2s", "expected_meta.json")
 HAS_TRITON = importlib.util.find_spec("triton") is not None
@@ -61,7 +61,7 @@ def test_fast_decoder_matches_every_fixture_run(folder: Path) -> None:
 def test_fast_matches_reference_with_sampling_rules(tmp_path: Path) -> None:
     model, _ = load_t2s(write_t2s(tmp_path / "t.ckpt", seed=5))
     g = torch.Generator().manual_seed(0)
-    items = [T2SInput(torch.randint(1, 732, (n,), generator=g), torch.randn(1024, n, generator=g)) for n in (7, 12, 4)]
+    items = [T2SInput(torch.randint(1, 732, (n,), generator=g), torch.randn(TINY_BERT_DIM, n, generator=g)) for n in (7, 12, 4)]
     prompt = torch.randint(0, 1024, (9,), generator=g)
     rules = StopRules(early_stop_num=40, max_steps=60)
     for params in (SamplingParams(top_k=1, repetition_penalty=1.35), SamplingParams(top_k=1, top_p=0.5),
@@ -75,7 +75,7 @@ def test_fast_matches_reference_with_sampling_rules(tmp_path: Path) -> None:
 def test_fast_graphs_are_bounded_and_shared(tmp_path: Path) -> None:
     model, _ = load_t2s(write_t2s(tmp_path / "t.ckpt", seed=6))
     fast = FastT2S(model, max_graphs=2)
-    item = T2SInput(torch.arange(1, 6), torch.zeros(1024, 5))
+    item = T2SInput(torch.arange(1, 6), torch.zeros(TINY_BERT_DIM, 5))
     for k in (1, 2, 3):
         fast.decode_naive(item, torch.tensor([1, 2]), SamplingParams(top_k=k), StopRules(max_steps=20))
     assert len(fast._graphs) == 2

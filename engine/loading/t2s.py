@@ -55,7 +55,8 @@ def read_t2s_checkpoint(path: str | os.PathLike) -> T2SCheckpoint:
         raise CheckpointError(f"{path} is not a GPT (.ckpt) file: key {odd!r} lacks the 'model.' prefix{hint}")
     config = as_plain_dict(obj["config"])
     try:
-        dims = T2SDims.from_config(config.get("model", {}))
+        proj = weights.get(PREFIX + "bert_proj.weight")
+        dims = T2SDims.from_config(config.get("model", {}), bert_dim=proj.shape[1] if proj is not None else 1024)
     except ValueError as e:
         raise CheckpointError(f"{path}: {e}") from e
     stripped = {k[len(PREFIX):]: v for k, v in weights.items()}

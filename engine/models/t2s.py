@@ -32,6 +32,7 @@ class T2SDims:
     vocab_size: int = 1025  # 1024 semantic ids + EOS
     phoneme_vocab_size: int = 732  # 512 for v1
     eos: int = 1024
+    bert_dim: int = BERT_DIM  # width of the BERT features (read off bert_proj; 1024 in official files)
 
     @property
     def ffn_dim(self) -> int:
@@ -42,7 +43,7 @@ class T2SDims:
         return self.hidden_dim // self.n_head
 
     @classmethod
-    def from_config(cls, model_cfg: Mapping[str, Any]) -> T2SDims:
+    def from_config(cls, model_cfg: Mapping[str, Any], bert_dim: int = BERT_DIM) -> T2SDims:
         try:
             dims = cls(
                 embedding_dim=int(model_cfg["embedding_dim"]),
@@ -52,6 +53,7 @@ class T2SDims:
                 vocab_size=int(model_cfg["vocab_size"]),
                 phoneme_vocab_size=int(model_cfg["phoneme_vocab_size"]),
                 eos=int(model_cfg["EOS"]),
+                bert_dim=int(bert_dim),
             )
         except KeyError as e:
             raise ValueError(f"T2S config lacks model.{e.args[0]}") from e
@@ -157,7 +159,7 @@ class Text2SemanticModel(nn.Module):
         super().__init__()
         self.dims = dims
         d = dims.embedding_dim
-        self.bert_proj = nn.Linear(BERT_DIM, d)
+        self.bert_proj = nn.Linear(dims.bert_dim, d)
         self.ar_text_embedding = TokenEmbedding(d, dims.phoneme_vocab_size)
         self.ar_text_position = ScaledPosition(d)
         self.ar_audio_embedding = TokenEmbedding(d, dims.vocab_size)
@@ -170,7 +172,7 @@ class Text2SemanticModel(nn.Module):
         return self.h.layers
 
     def embed_text(self, phones: torch.Tensor, bert: torch.Tensor) -> torch.Tensor:
-        """phones (B, T) ids, bert (B, 1024, T) -> (B, T, D) with positions 0..T-1."""
+        """phones (B, T) ids, bert (B, bert_dim, T) -> (B, T, D) with positions 0..T-1."""
         x = self.ar_text_embedding(phones) + self.bert_proj(bert.transpose(1, 2))
         return self.ar_text_position(x)
 

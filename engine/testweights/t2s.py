@@ -12,6 +12,7 @@ from engine.data import load_json
 from engine.models.t2s import T2SDims, Text2SemanticModel
 
 TINY = {"embedding_dim": 32, "hidden_dim": 32, "head": 2, "n_layer": 2}
+TINY_BERT_DIM = 32  # engine.testweights.roberta.TINY_DIMS["hidden_size"]
 EOS_ROW_SCALE = 3.0  # like the fixtures: makes EOS reachable within tens of steps on random weights
 
 
@@ -42,7 +43,9 @@ def write_t2s(path: str | Path, version: str = "v2", full_size: bool = False, se
     config = official_config(version)
     if not full_size:
         config["model"].update(TINY)
-    model = random_t2s_model(T2SDims.from_config(config["model"]), seed)
+    # tiny sets pair with the tiny random RoBERTa, whose features are narrower than the official 1024
+    bert_dim = 1024 if full_size else TINY_BERT_DIM
+    model = random_t2s_model(T2SDims.from_config(config["model"], bert_dim=bert_dim), seed)
     weight = {"model." + k: v.half() for k, v in model.state_dict().items()}
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
