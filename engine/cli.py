@@ -15,6 +15,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "download": ("engine.commands.download", "fetch the official pretrained weights into the official layout"),
     "serve": ("engine.commands.serve", "run the api_v2-compatible HTTP server (with OpenAI speech and /metrics)"),
     "export-coreml": ("engine.commands.export_coreml", "convert a vocoder (bigvgan, v4, v2) to a Core ML package"),
+    "bench": ("engine.commands.bench", "benchmark each stage and end to end (speed, latency, memory)"),
+    "webui": ("engine.commands.webui", "the web UI and the HTTP API on one port (voice cloning in the browser)"),
 }
 
 
