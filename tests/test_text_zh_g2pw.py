@@ -14,7 +14,8 @@ from engine.errors import CheckpointError
 from engine.testweights.roberta import write_tokenizer_files
 from engine.text import chinese
 from engine.text.chinese import ChineseG2P
-from engine.text.chinese.g2pw import G2PWConverter, G2PWTables, correct_pronunciation
+from engine.text.chinese.g2pw import (G2PWConverter, G2PWTables, correct_pronunciation, correction_files,
+                                      read_corrections)
 
 ORACLE = json.loads((Path(__file__).parent / "assets" / "text_zh_g2pw_official.json").read_text(encoding="utf-8"))
 
@@ -64,8 +65,10 @@ def converter(model_dir, tmp_path_factory):
         calls.append({k: v.shape for k, v in inputs.items()})
         return fake_scores(inputs)
 
+    # the official correction dictionary is the user's (not shipped); these are its entries for the oracle texts
+    corrections = read_corrections([Path(__file__).parent / "assets" / "g2pw_corrections_subset.rep"])
     conv = G2PWConverter(G2PWTables.from_folder(model_dir), AutoTokenizer.from_pretrained(str(bert)), predictor,
-                         to_traditional=lambda s: s)
+                         to_traditional=lambda s: s, corrections=corrections)
     conv.calls = calls
     return conv
 
@@ -97,9 +100,16 @@ def test_tables_drop_non_polyphonic_and_non_monophonic(model_dir):
     assert t.labels == tuple(sorted(t.labels))
 
 
-def test_correction_dictionary():
-    assert correct_pronunciation("一丁不识", ["x"] * 4) == ["yi1", "ding1", "bu4", "shi2"]
-    assert correct_pronunciation("qq", ["a", "b"]) == ["a", "b"]
+def test_correction_dictionary(tmp_path):
+    (tmp_path / "polyphonic.rep").write_text("湖泊: ['hu2','po1']\n行: ['xing2']\n", encoding="utf-8")
+    (tmp_path / "polyphonic-fix.rep").write_text("湖泊: ['hu2', 'bo2']\n", encoding="utf-8")
+    table = read_corrections(correction_files(tmp_path / "G2PWModel") or correction_files(tmp_path))
+    assert correct_pronunciation("湖泊", ["x", "y"], table) == ["hu2", "bo2"]  # the later file wins
+    assert correct_pronunciation("行人", ["hang2", "ren2"], table) == ["xing2", "ren2"]
+    assert correct_pronunciation("qq", ["a", "b"], table) == ["a", "b"]
+    (tmp_path / "polyphonic.rep").write_text("湖泊 = hu2\n", encoding="utf-8")
+    with pytest.raises(CheckpointError, match="polyphonic.rep:1"):
+        read_corrections([tmp_path / "polyphonic.rep"])
 
 
 def test_missing_model_folder_says_what_to_install(tmp_path):

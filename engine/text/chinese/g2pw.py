@@ -8,16 +8,17 @@ packages ``onnxruntime`` and ``opencc`` (simplified -> Taiwan traditional, as th
 Per sentence: every character in the model's polyphonic set (minus a few) is predicted by the ONNX model on a
 context window of 16 characters either side of the polyphonic span; monophonic characters come from the model's
 table; everything else from pypinyin on the simplified sentence. Then `correct` applies the official
-word/character correction dictionary (``engine/data/zh_polyphonic.json``).
+word/character correction dictionary, read from the user's install (``polyphonic.rep`` then
+``polyphonic-fix.rep``; they sit in ``GPT_SoVITS/text/g2pw/``, beside the ``G2PWModel`` folder).
 """
 
 from __future__ import annotations
 
 import ast
 import json
+import logging
 import re
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, Sequence
@@ -30,6 +31,7 @@ from engine.errors import CheckpointError, TextError
 
 from .textnorm import to_simplified
 
+log = logging.getLogger(__name__)
 _ONNX = "GPT_SoVITS/text/g2pw/onnx_api.py::_G2PWBaseOnnxConverter.__init__.self."
 MAX_TOKENS = 512
 REQUIRED_FILES = (
@@ -40,16 +42,39 @@ REQUIRED_FILES = (
 Predictor = Callable[[Mapping[str, np.ndarray]], np.ndarray]
 
 
-@lru_cache(maxsize=1)
-def polyphonic_corrections() -> Mapping[str, tuple[str, ...]]:
-    """The official correction dictionary: word (or single character) -> TONE3 pinyin per character."""
-    table = load_json("zh_polyphonic.json")["map"]
-    return MappingProxyType({k: tuple(v.split(" ")) for k, v in table.items()})
+CORRECTION_FILES = ("polyphonic.rep", "polyphonic-fix.rep")  # later files win
 
 
-def correct_pronunciation(word: str, pinyins: Sequence[str]) -> list[str]:
+def correction_files(model_dir: str | Path) -> list[Path]:
+    """The official correction files for a G2PWModel folder: in it, or in the sibling ``g2pw`` folder."""
+    model_dir = Path(model_dir)
+    for folder in (model_dir, model_dir.parent / "g2pw"):
+        found = [folder / n for n in CORRECTION_FILES if (folder / n).is_file()]
+        if found:
+            return found
+    return []
+
+
+def read_corrections(paths: Sequence[str | Path]) -> Mapping[str, tuple[str, ...]]:
+    """Parse official ``.rep`` lines ``word: ['pin1', 'yin1']`` (literals only; later files win)."""
+    table: dict[str, tuple[str, ...]] = {}
+    for path in paths:
+        for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            word, sep, value = line.partition(":")
+            try:
+                readings = ast.literal_eval(value.strip()) if sep else None
+            except (ValueError, SyntaxError):
+                readings = None
+            if not isinstance(readings, list) or not all(isinstance(r, str) for r in readings):
+                raise CheckpointError(f"{path}:{n}: expected `word: ['pin1', ...]`, got {line!r}")
+            table[word.strip()] = tuple(readings)
+    return MappingProxyType(table)
+
+
+def correct_pronunciation(word: str, pinyins: Sequence[str], table: Mapping[str, tuple[str, ...]]) -> list[str]:
     """Whole-word entry if there is one, else per-character entries (their first reading)."""
-    table = polyphonic_corrections()
     if word in table:
         return list(table[word])
     out = list(pinyins)
@@ -191,7 +216,9 @@ class G2PWConverter:
         to_traditional: Callable[[str], str] | None,
         context_chars: int = 16,
         sentence_dedup: bool = True,
+        corrections: Mapping[str, tuple[str, ...]] = MappingProxyType({}),
     ):
+        self.corrections = corrections
         self.tables = tables
         self.tokenizer = tokenizer
         self.predictor = predictor
@@ -237,6 +264,11 @@ class G2PWConverter:
             return session.run([], dict(inputs))[0]
 
         cc = OpenCC("s2tw")
+        files = correction_files(model_dir)
+        if not files:
+            log.warning("no polyphonic.rep beside %s: G2PW runs without the official correction dictionary "
+                        "(copy GPT_SoVITS/text/g2pw/polyphonic*.rep of the official install next to it)", model_dir)
+        options.setdefault("corrections", read_corrections(files))
         return cls(
             G2PWTables.from_folder(model_dir),
             AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True),
@@ -246,7 +278,7 @@ class G2PWConverter:
         )
 
     def correct(self, word: str, pinyins: Sequence[str]) -> list[str]:
-        return correct_pronunciation(word, pinyins)
+        return correct_pronunciation(word, pinyins, self.corrections)
 
     def _bopomofo_to_pinyin(self, bopomofo: str) -> str | None:
         tone = bopomofo[-1]
