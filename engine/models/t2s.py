@@ -120,6 +120,13 @@ class SelfAttention(nn.Module):
         self.in_proj_weight = nn.Parameter(torch.empty(3 * dim, dim))
         self.in_proj_bias = nn.Parameter(torch.empty(3 * dim))
         self.out_proj = nn.Linear(dim, dim)
+        self.in_proj: nn.Module | None = None  # set by engine.quantize to a (quantised) Linear copy
+
+    def project(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T, D) -> (B, T, 3D) packed q|k|v."""
+        if self.in_proj is not None:
+            return self.in_proj(x)
+        return F.linear(x, self.in_proj_weight, self.in_proj_bias)
 
 
 class T2SLayer(nn.Module):
@@ -136,7 +143,7 @@ class T2SLayer(nn.Module):
 
     def qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         # (B, T, D) -> 3 x (B, T, D), q first, heads are contiguous head_dim slices
-        return F.linear(x, self.self_attn.in_proj_weight, self.self_attn.in_proj_bias).chunk(3, dim=-1)
+        return self.self_attn.project(x).chunk(3, dim=-1)
 
     def finish(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         # x, attn: (B, T, D) with attn already merged over heads
