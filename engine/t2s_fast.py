@@ -20,7 +20,7 @@ from __future__ import annotations
 import importlib
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +31,15 @@ from engine.models.t2s import Text2SemanticModel
 from engine.t2s_decoding import SamplingParams, StopRules, T2SInput, T2SOutput
 
 NEG_INF = float("-inf")
+
+
+def _drain(gen: Generator) -> object:
+    """Run a generator to its end and return its return value."""
+    while True:
+        try:
+            next(gen)
+        except StopIteration as done:
+            return done.value
 
 
 def _bucket(n: int, step: int = 256) -> int:
@@ -253,18 +262,27 @@ class FastT2S:
     # ---- public API (same results as T2SDecoder) ----------------------------------------------
     def decode_naive(self, item: T2SInput, prompt: torch.Tensor | None, params: SamplingParams = SamplingParams(),
                      rules: StopRules = StopRules(), generator: torch.Generator | None = None) -> T2SOutput:
-        return self._decode([item], prompt, params, rules, generator, naive=True)[0]
+        return _drain(self._run([item], prompt, params, rules, generator, naive=True, stream=False))[0]
+
+    def naive_steps(self, item: T2SInput, prompt: torch.Tensor | None, params: SamplingParams = SamplingParams(),
+                    rules: StopRules = StopRules(), generator: torch.Generator | None = None) -> Iterator[int]:
+        """Like :meth:`T2SDecoder.naive_steps`: yield kept tokens as they are confirmed (every ``sync_every``
+        steps); the return value is the T2SOutput. The decoder is held until the generator finishes."""
+        results = yield from self._run([item], prompt, params, rules, generator, naive=True, stream=True)
+        return results[0]
 
     def decode_batch(self, items: Sequence[T2SInput], prompt: torch.Tensor | None,
                      params: SamplingParams = SamplingParams(), rules: StopRules = StopRules(),
                      generator: torch.Generator | None = None) -> list[T2SOutput]:
         if prompt is None:  # the official batched loop decodes reference-free items one by one
             return [self.decode_naive(it, None, params, rules, generator) for it in items]
-        return self._decode(list(items), prompt, params, rules, generator, naive=False)
+        return _drain(self._run(list(items), prompt, params, rules, generator, naive=False, stream=False))
 
     @torch.inference_mode()
-    def _decode(self, items: list[T2SInput], prompt: torch.Tensor | None, params: SamplingParams,
-                rules: StopRules, generator: torch.Generator | None, naive: bool) -> list[T2SOutput]:
+    def _run(self, items: list[T2SInput], prompt: torch.Tensor | None, params: SamplingParams,
+             rules: StopRules, generator: torch.Generator | None, naive: bool,
+             stream: bool) -> Generator[int, None, list[T2SOutput]]:
+        """Decode; with ``stream`` (one row) yield each token once it is certain to be kept."""
         m, dev = self.model, self.device
         bsz = len(items)
         prefixes = [m.embed_text(it.phones.to(dev).unsqueeze(0), it.bert.to(dev, self.dtype).unsqueeze(0))[0]
@@ -308,9 +326,12 @@ class FastT2S:
             st.seen.scatter_(1, st.out_token, True)
             st.token.copy_(st.out_token)
             st.step.fill_(1)
-            n = 1
-            results = self._collect(st, n, y0, rules, naive, done_only=True)
+            n, yielded = 1, 0
+            results = self._collect(st, 1, y0, rules, naive, done_only=True)
             while results is None:
+                if stream:  # no row has stopped within the first n steps: all n tokens are kept
+                    yield from st.hist_token[0, yielded:n].tolist()
+                    yielded = n
                 for _ in range(min(self.sync_every, limit - n)):
                     self._draw(st, generator)
                     if graph is not None:
@@ -319,6 +340,8 @@ class FastT2S:
                         self._step(st)
                     n += 1
                 results = self._collect(st, n, y0, rules, naive, done_only=n < limit)
+            if stream:
+                yield from results[0].sequence[prefix_len + yielded:].tolist()
         return results
 
     def _draw(self, st: _State, generator: torch.Generator | None) -> None:

@@ -145,3 +145,25 @@ def test_triton_decoder_matches_a_fixture_run(folder: Path) -> None:
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=900)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
+
+
+def test_streamed_tokens_match_the_reference_stream(tmp_path: Path) -> None:
+    model, _ = load_t2s(write_t2s(tmp_path / "t.ckpt", seed=7))
+    item = T2SInput(torch.arange(1, 9), torch.randn(TINY_BERT_DIM, 8, generator=torch.Generator().manual_seed(1)))
+    prompt = torch.tensor([4, 8, 15, 16, 23, 42])
+    for rules in (StopRules(max_steps=40), StopRules(early_stop_num=13)):
+        ref_gen = T2SDecoder(model).naive_steps(item, prompt, SamplingParams(top_k=1), rules)
+        fast_gen = FastT2S(model, sync_every=4).naive_steps(item, prompt, SamplingParams(top_k=1), rules)
+        ref_tokens, fast_tokens = [], []
+        ref_out = fast_out = None
+        for gen, sink in ((ref_gen, ref_tokens), (fast_gen, fast_tokens)):
+            while True:
+                try:
+                    sink.append(next(gen))
+                except StopIteration as done:
+                    if gen is ref_gen:
+                        ref_out = done.value
+                    else:
+                        fast_out = done.value
+                    break
+        assert fast_tokens == ref_tokens and torch.equal(fast_out.tokens, ref_out.tokens)
