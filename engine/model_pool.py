@@ -57,6 +57,8 @@ class WeightSet:
     vocoder: Path | None = None
     sv: Path | None = None
     base_dir: Path = field(default_factory=Path.cwd)
+    vocoder_backend: str = "torch"  # "torch" or "coreml" (config key vocoder_backend; coreml on macOS only)
+    vocoder_package: str = ""  # the Core ML package for "coreml" (config key vocoder_coreml_package)
 
     @classmethod
     def from_config(cls, config, gpt: str | os.PathLike | None = None,
@@ -64,8 +66,11 @@ class WeightSet:
         """The active section of an ``InferConfig``; ``gpt``/``sovits`` override its two weight paths."""
         active = config.active
 
-        def opt(p: str) -> Path | None:
-            return config._abs(p) if p else None
+        def opt(p: str) -> Path | None:  # relative paths resolve against the config's base folder
+            if not p:
+                return None
+            path = Path(os.path.expanduser(p))
+            return path if path.is_absolute() else Path(config.base_dir) / path
 
         return cls(
             gpt=Path(gpt) if gpt else config.path("t2s_weights_path"),
@@ -75,6 +80,8 @@ class WeightSet:
             vocoder=opt(active.vocoder_path),
             sv=opt(active.sv_weights_path),
             base_dir=config.base_dir,
+            vocoder_backend=getattr(active, "vocoder_backend", "torch") or "torch",
+            vocoder_package=str(opt(getattr(active, "vocoder_coreml_package", "") or "") or ""),
         )
 
     def replace(self, gpt: str | os.PathLike | None = None, sovits: str | os.PathLike | None = None) -> "WeightSet":
@@ -121,8 +128,9 @@ class Models:
     sovits_sample_rate: int  # hps.data.sampling_rate (32000): the reference rate and the silence unit
     ssl: nn.Module  # HuBERT
     bert: Any  # BertFeatureExtractor
-    vocoder: nn.Module | None = None  # v3 BigVGAN / v4 HiFi-GAN
+    vocoder: Any = None  # v3 BigVGAN / v4 HiFi-GAN: the torch module, or a Core ML wrapper (mel -> audio)
     sv: nn.Module | None = None  # ERes2NetV2 (v2Pro*)
+    t2s_fast: Any = None  # engine.t2s_fast.FastT2S over ``t2s`` (CUDA graphs), when the engine uses it
 
     @property
     def id(self) -> str:
@@ -156,13 +164,18 @@ def module_bytes(obj: Any) -> int:
 # ---- loaders (one per kind; the pool takes a replacement mapping in tests) ----------------------
 
 
-def _load_t2s(path: Path, rt: Runtime) -> tuple[nn.Module, int, torch.Tensor]:
+def _load_t2s(path: Path, rt: Runtime, decoder: str = "reference") -> tuple[nn.Module, int, torch.Tensor, Any]:
     from engine.loading.t2s import load_t2s
 
     model, ckpt = load_t2s(path, rt.device, rt.dtype_for("t2s"))
     table = model.ar_audio_embedding.word_embeddings.weight.detach().float()  # (vocab, D)
     sim = torch.nn.functional.cosine_similarity(table[MUTE_TOKEN].unsqueeze(0), table, dim=-1)  # (vocab,)
-    return model, ckpt.early_stop_num, sim.cpu()
+    fast = None
+    if decoder == "fast":
+        from engine.t2s_fast import FastT2S
+
+        fast = FastT2S(model)
+    return model, ckpt.early_stop_num, sim.cpu(), fast
 
 
 def _load_sovits(path: Path, rt: Runtime, base_dir: str = "."):
@@ -188,11 +201,21 @@ def _load_bert(path: Path, rt: Runtime):
     return BertFeatureExtractor.from_folder(path, rt.device, rt.dtype_for("bert"))
 
 
-def _load_vocoder(path: Path, rt: Runtime, version: str) -> nn.Module:
+VOCODER_IDENTITY = {"v3": ("bigvgan", 24000, 256), "v4": ("v4", 48000, 480)}  # kind, rate, samples per frame
+
+
+def _load_vocoder(path: Path, rt: Runtime, version: str, backend: str = "torch", package: str = ""):
     from engine.loading.vocoder import load_bigvgan, load_v4_vocoder
+    from engine.vocoder_backend import select_vocoder
 
     model = load_bigvgan(path) if version == "v3" else load_v4_vocoder(path)
-    return model.to(rt.device, rt.dtype_for("vocoder"))
+    model = model.to(rt.device, rt.dtype_for("vocoder"))
+    if backend == "torch":
+        return model
+    kind, rate, hop = VOCODER_IDENTITY[version]
+    chosen = select_vocoder(backend, model, kind=kind, sample_rate=rate, hop=hop, channels=100,
+                            package=package or None)
+    return chosen.vocoder  # the torch module whenever Core ML cannot be used (the reason is logged)
 
 
 def _load_sv(path: Path, rt: Runtime) -> nn.Module:
@@ -229,8 +252,9 @@ class ModelPool:
 
     def __init__(self, max_bytes: int = 12 << 30, weight_roots: tuple[str, ...] = (),
                  loaders: dict[str, Callable[..., Any]] | None = None,
-                 size_of: Callable[[Any], int] | None = None) -> None:
+                 size_of: Callable[[Any], int] | None = None, t2s_decoder: str = "auto") -> None:
         self.max_bytes = max_bytes
+        self.t2s_decoder = t2s_decoder  # auto | fast | reference (see EngineSettings.t2s_decoder)
         self.weight_roots = tuple(weight_roots)
         self._loaders = {**DEFAULT_LOADERS, **(loaders or {})}
         self._size_of = size_of or (lambda v: module_bytes(v[0] if isinstance(v, tuple) else v))
@@ -249,14 +273,18 @@ class ModelPool:
         bert_path = check_weight_path(weights.bert, (), "BERT folder (bert_base_path)")
         ssl_path = check_weight_path(weights.ssl, (), "HuBERT folder (cnhuhbert_base_path)")
         pinned: list[Hashable] = []
-        t2s, early_stop, sim = self._get("t2s", gpt, runtime, pinned)
+        decoder = self.t2s_decoder
+        if decoder == "auto":
+            decoder = "fast" if runtime.device.type == "cuda" else "reference"
+        t2s, early_stop, sim, fast = self._get("t2s", gpt, runtime, pinned, decoder)
         sovits, version, sr = self._get("sovits", sovits_path, runtime, pinned, str(weights.base_dir))
         ssl = self._get("ssl", ssl_path, runtime, pinned)
         bert = self._get("bert", bert_path, runtime, pinned)
         vocoder = sv = None
         if version in ("v3", "v4"):
             path = check_weight_path(weights.extra("vocoder", version), (), f"{version} vocoder (vocoder_path)")
-            vocoder = self._get("vocoder", path, runtime, pinned, version)
+            vocoder = self._get("vocoder", path, runtime, pinned, version, weights.vocoder_backend,
+                                weights.vocoder_package)
         if version in ("v2Pro", "v2ProPlus"):
             path = check_weight_path(weights.extra("sv", version), (), "speaker-verification weights (sv_weights_path)")
             sv = self._get("sv", path, runtime, pinned)
@@ -264,7 +292,7 @@ class ModelPool:
             self._evict_locked(self.max_bytes, keep=set(pinned))  # the set just handed out stays
         return Models(weights=weights, runtime=runtime, t2s=t2s, early_stop_num=early_stop, mute_similarity=sim,
                       sovits=sovits, version=version, sovits_sample_rate=sr, ssl=ssl, bert=bert, vocoder=vocoder,
-                      sv=sv)
+                      sv=sv, t2s_fast=fast)
 
     def shrink(self, fraction: float = 0.5) -> int:
         """Drop least recently used networks until at most ``fraction`` of the bytes remain."""

@@ -191,6 +191,7 @@ def resolve_plan(options: SynthesisOptions, version: str) -> SynthesisPlan:
 MIB = 1 << 20
 GIB = 1 << 30
 PRESSURE_ACTIONS = ("cpu", "wait", "refuse")
+T2S_DECODERS = ("auto", "fast", "reference")
 
 
 @dataclass(frozen=True)
@@ -205,6 +206,7 @@ class EngineSettings:
     memory_wait_seconds: float = 30.0  # "wait": how long to wait for memory before refusing
     weight_roots: tuple[str, ...] = ()  # folders weight files may come from; empty: any path
     warmup: bool = False  # run a tiny synthesis when a model set is loaded
+    t2s_decoder: str = "auto"  # "auto": FastT2S (CUDA graphs) on CUDA, the reference loop elsewhere; "fast"; "reference"
     max_text_chars: int = 10_000  # longer request texts are refused
 
     def __post_init__(self) -> None:
@@ -219,5 +221,7 @@ class EngineSettings:
                                f"got {self.on_memory_pressure!r}")
         if not _is_number(self.memory_wait_seconds) or self.memory_wait_seconds < 0:
             raise OptionsError(f"memory_wait_seconds must be >= 0, got {self.memory_wait_seconds!r}")
+        if self.t2s_decoder not in T2S_DECODERS:
+            raise OptionsError(f"t2s_decoder must be one of {', '.join(T2S_DECODERS)}, got {self.t2s_decoder!r}")
         if isinstance(self.weight_roots, str) or not all(isinstance(r, str) for r in self.weight_roots):
             raise OptionsError("weight_roots must be a tuple of folder paths")

@@ -82,7 +82,7 @@ class PreparedReference:
     sv: tuple[torch.Tensor, ...] | None  # (1, 20480) per clip (v2Pro*), else None
     prompt_semantic: torch.Tensor | None  # (T,) int64; None when reference-free
     prompt_phones: tuple[int, ...]  # phone ids of the transcript (empty when reference-free)
-    prompt_bert: torch.Tensor | None  # (1024, P) float32
+    prompt_bert: torch.Tensor | None  # (bert width, P) float32
     prompt_norm_text: str
     voice_prompt: object | None = None  # engine.vocoder_synthesis.VoicePrompt (v3/v4)
 
@@ -198,11 +198,27 @@ def _with_lookahead(items: Iterator[list]) -> Iterator[tuple[list, bool]]:
         current = following
 
 
+class _FastDecoder:
+    """A request's view of the shared FastT2S: the T2SDecoder methods with this request's generator."""
+
+    def __init__(self, fast, generator: torch.Generator) -> None:
+        self.fast, self.generator = fast, generator
+
+    def decode_batch(self, items, prompt, params, rules) -> list[T2SOutput]:
+        return self.fast.decode_batch(items, prompt, params, rules, self.generator)
+
+    def decode_naive(self, item, prompt, params, rules) -> T2SOutput:
+        return self.fast.decode_naive(item, prompt, params, rules, self.generator)
+
+    def naive_steps(self, item, prompt, params, rules):
+        return self.fast.naive_steps(item, prompt, params, rules, self.generator)
+
+
 @dataclass(frozen=True)
 class _Sentence:
     index: int
     phones: tuple[int, ...]
-    bert: torch.Tensor  # (1024, P) float32
+    bert: torch.Tensor  # (bert width, P) float32 (1024 with the official BERT)
     norm_text: str
 
 
@@ -379,7 +395,7 @@ class VoiceCloner:
              seed: int, on_progress: ProgressCallback | None) -> Iterator[Result]:
         m = self.models
         gen = torch.Generator(device=m.device).manual_seed(seed)  # one RNG stream per request
-        decoder = T2SDecoder(m.t2s, generator=gen)
+        decoder = T2SDecoder(m.t2s, generator=gen) if m.t2s_fast is None else _FastDecoder(m.t2s_fast, gen)
         params = SamplingParams(top_k=opts.top_k, top_p=float(opts.top_p), temperature=float(opts.temperature),
                                 repetition_penalty=float(opts.repetition_penalty))
         rules = StopRules(early_stop_num=opts.early_stop_num if opts.early_stop_num is not None else m.early_stop_num)
@@ -478,7 +494,8 @@ class VoiceCloner:
             from engine.models.cfm import gaussian_noise
             from engine.vocoder_synthesis import synthesize_batched, synthesize_sequential
 
-            voc_dtype = next(m.vocoder.parameters()).dtype
+            voc_dtype = (next(m.vocoder.parameters()).dtype if isinstance(m.vocoder, torch.nn.Module)
+                         else torch.float32)  # a Core ML wrapper takes float32
 
             def vocoder(mel: torch.Tensor) -> torch.Tensor:
                 return m.vocoder(mel.to(voc_dtype))
@@ -576,7 +593,8 @@ class Studio:
         self.settings = settings
         self.runtime = runtime
         self.reference_rules = reference_rules
-        self.pool = pool if pool is not None else ModelPool(settings.model_pool_bytes, settings.weight_roots)
+        self.pool = pool if pool is not None else ModelPool(settings.model_pool_bytes, settings.weight_roots,
+                                                            t2s_decoder=settings.t2s_decoder)
         self.references: ReferenceCache[PreparedReference] = ReferenceCache(
             settings.reference_cache_entries, settings.reference_cache_bytes)
         self.memory = MemoryGuard(settings, memory_reader)
@@ -651,9 +669,12 @@ def _freeing(results: Iterator[Result], runtime: Runtime) -> Iterator[Result]:
 def warm_up(models: Models) -> None:
     """Run each network once on tiny inputs (first-call kernel selection, allocator growth)."""
     dev = models.device
+    if models.t2s_fast is not None:
+        models.t2s_fast.warm_up()  # capture the decode-step graph of the common shape
     decoder = T2SDecoder(models.t2s, generator=torch.Generator(device=dev).manual_seed(0))
     phones = torch.zeros(8, dtype=torch.long, device=dev)
-    out = decoder.decode_naive(T2SInput(phones, torch.zeros(1024, 8, device=dev)),
+    width = models.t2s.bert_proj.in_features
+    out = decoder.decode_naive(T2SInput(phones, torch.zeros(width, 8, device=dev)),
                                torch.zeros(8, dtype=torch.long, device=dev), SamplingParams(),
                                StopRules(early_stop_num=4, min_steps=0))
     if not models.uses_vocoder:

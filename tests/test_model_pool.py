@@ -25,9 +25,9 @@ class Net(torch.nn.Module):
 
 
 def fake_loaders(log: list):
-    def t2s(path, rt):
+    def t2s(path, rt, *extra):
         log.append(("t2s", path.name))
-        return Net(100), 2700, torch.zeros(1025)
+        return Net(100), 2700, torch.zeros(1025), None
 
     def sovits(path, rt, *extra):
         log.append(("sovits", path.name))
@@ -82,7 +82,8 @@ def test_lru_eviction_by_bytes(files):
     assert pool.stats().evictions == 0
     pool.models(weights(files, "b.ckpt", "a.pth"), CPU)
     keys = pool.keys()
-    assert ("t2s", str(files["a.ckpt"].resolve()), "cpu", "torch.float32") not in keys  # least recently used
+    assert any(k[:2] == ("t2s", str(files["b.ckpt"].resolve())) for k in keys)
+    assert not any(k[:2] == ("t2s", str(files["a.ckpt"].resolve())) for k in keys)  # least recently used
     assert any(k[0] == "t2s" and k[1].endswith("b.ckpt") for k in keys)
     assert pool.stats().evictions == 1 and pool.nbytes <= 1000
     log.clear()
@@ -189,3 +190,40 @@ def test_warm_up_at_load(version, caplog):
         studio.cloner()
         studio.cloner()
     assert caplog.text.count("warmed up") == 1  # once per model set
+
+
+def test_fast_t2s_decoder_through_the_pipeline():
+    """EngineSettings(t2s_decoder="fast") runs FastT2S (here without CUDA graphs); seeded runs repeat."""
+    from engine.options import EngineSettings, SynthesisOptions
+    from engine.pipeline import Reference, Studio, join
+
+    shared = sup.studio("v2")
+    studio = Studio(shared.default_weights, shared.runtime, EngineSettings(t2s_decoder="fast"))
+    cloner = studio.cloner()
+    assert cloner.models.t2s_fast is not None and shared.cloner().models.t2s_fast is None  # auto on CPU: reference
+    ref = Reference(sup.wav_bytes(sup.clip()), sup.REF_TEXT, "en")
+    for opts in (SynthesisOptions(seed=2, early_stop_num=12, batch_size=2, text_split_method="cut5"),
+                 SynthesisOptions(seed=2, early_stop_num=16, streaming_mode=True, min_chunk_length=4)):
+        a = list(cloner("Good morning my friend. See you again soon.", "en", ref, opts))
+        b = list(cloner("Good morning my friend. See you again soon.", "en", ref, opts))
+        assert a[-1].is_last and [r.index for r in a] == list(range(len(a)))
+        np.testing.assert_array_equal(join(a)[1], join(b)[1])
+
+
+def test_coreml_vocoder_request_falls_back_to_torch_off_macos(caplog):
+    import logging
+    from dataclasses import replace
+
+    from engine.options import SynthesisOptions
+    from engine.pipeline import Reference, Studio
+
+    shared = sup.studio("v4")
+    weights = replace(shared.default_weights, vocoder_backend="coreml", vocoder_package="/nonexistent.mlpackage")
+    studio = Studio(weights, shared.runtime, pool=shared.pool)
+    with caplog.at_level(logging.WARNING, logger="engine.vocoder_backend"):
+        cloner = studio.cloner()
+    assert isinstance(cloner.models.vocoder, torch.nn.Module) and "torch vocoder" in caplog.text
+    ref = Reference(sup.wav_bytes(sup.clip()), sup.REF_TEXT, "en")
+    out = list(cloner("Nice to meet you.", "en", ref,
+                      SynthesisOptions(seed=1, early_stop_num=12, sample_steps=2, parallel_infer=False)))
+    assert out[-1].sample_rate == 48000
