@@ -101,10 +101,10 @@ def build_ui(studio, config=None, catalog: ModelCatalog | None = None, settings:
                 status = gr.Markdown(elem_id="status")
         with gr.Accordion("Models", open=False):
             with gr.Row():
-                gpt = gr.Dropdown(catalog.choices("gpt"), value=_default_choice(catalog, "gpt", weights.gpt),
+                gpt = gr.Dropdown(catalog.choices("gpt"), value=str(Path(weights.gpt).resolve()),
                                   label="GPT weights (.ckpt)", allow_custom_value=True)
                 sovits = gr.Dropdown(catalog.choices("sovits"), label="SoVITS weights (.pth)", allow_custom_value=True,
-                                     value=_default_choice(catalog, "sovits", weights.sovits))
+                                     value=str(Path(weights.sovits).resolve()))
             refresh_btn = gr.Button("Rescan weight folders", size="sm")
         with gr.Accordion("Sampling", open=True):
             with gr.Row():
@@ -155,12 +155,6 @@ def _named(names: list[str]) -> inspect.Signature:
     params = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in names]
     return inspect.Signature([*params, inspect.Parameter("progress", inspect.Parameter.POSITIONAL_OR_KEYWORD,
                                                          default=gr.Progress())])
-
-
-def _default_choice(catalog: ModelCatalog, which: str, path: Path) -> str | None:
-    values = [v for _, v in catalog.choices(which)]
-    resolved = str(Path(path).resolve())
-    return resolved if resolved in values else None
 
 
 def main(argv: list[str] | None = None) -> int:
