@@ -490,6 +490,7 @@ class VoiceCloner:
         m = self.models
         dev = m.device
         phones = [torch.tensor(s.phones, dtype=torch.long, device=dev) for s in items]
+        tokens = [o.tokens.to(dev) for o in outs]  # a decoder may hand tokens back on the host
         if m.uses_vocoder:
             from engine.models.cfm import gaussian_noise
             from engine.vocoder_synthesis import synthesize_batched, synthesize_sequential
@@ -503,24 +504,24 @@ class VoiceCloner:
             noise = gaussian_noise(gen)
             if plan.parallel_infer:
                 pieces, _ = synthesize_batched(m.sovits, vocoder, ref.voice_prompt,
-                                               [(o.tokens, p) for o, p in zip(outs, phones)],
+                                               list(zip(tokens, phones)),
                                                speed=opts.speed_factor, sample_steps=opts.sample_steps, noise=noise)
                 return pieces
-            return [synthesize_sequential(m.sovits, vocoder, ref.voice_prompt, o.tokens, p, speed=opts.speed_factor,
+            return [synthesize_sequential(m.sovits, vocoder, ref.voice_prompt, t, p, speed=opts.speed_factor,
                                           sample_steps=opts.sample_steps, noise=noise)[0]
-                    for o, p in zip(outs, phones)]
+                    for t, p in zip(tokens, phones)]
         sv = list(ref.sv) if ref.sv is not None else None
         if opts.speed_factor == 1.0:
             # official: the whole batch in one decode (MRTE sees every sentence), cut at token boundaries
             up = math.prod(m.sovits.dims.upsample_rates) * (2 if m.sovits.dims.semantic_frame_rate == "25hz" else 1)
-            codes = torch.cat([o.tokens for o in outs]).view(1, 1, -1).to(dev)
+            codes = torch.cat(tokens).view(1, 1, -1)
             wav = m.sovits.decode(codes, torch.cat(phones).unsqueeze(0), list(ref.specs), speed=1.0, sv_emb=sv,
                                   generator=gen)[0, 0]
-            ends = np.cumsum([0] + [o.tokens.shape[0] * up for o in outs])
-            return [wav[ends[i]:ends[i + 1]] for i in range(len(outs))]
-        return [m.sovits.decode(o.tokens.view(1, 1, -1).to(dev), p.unsqueeze(0), list(ref.specs),
+            ends = np.cumsum([0] + [t.shape[0] * up for t in tokens])
+            return [wav[ends[i]:ends[i + 1]] for i in range(len(tokens))]
+        return [m.sovits.decode(t.view(1, 1, -1), p.unsqueeze(0), list(ref.specs),
                                 speed=opts.speed_factor, sv_emb=sv, generator=gen)[0, 0]
-                for o, p in zip(outs, phones)]
+                for t, p in zip(tokens, phones)]
 
     @torch.no_grad()
     def _stream_sentence(self, s: _Sentence, ref: PreparedReference, opts: SynthesisOptions, decoder: T2SDecoder,
