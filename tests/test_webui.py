@@ -54,12 +54,12 @@ def _wav(path: Path, audio: np.ndarray, rate: int = 16000) -> Path:
     return path
 
 
-def _run(studio, text="Hello there.", gpt=None, sovits=None, **opts):
+def _run(studio, text="Hello there.", gpt=None, sovits=None, on_progress=None, **opts):
     from webui import handlers
 
     reference = handlers.make_reference(str(REF), REF_TEXT, "en", None)
     options = SynthesisOptions(seed=7, **opts)
-    return list(handlers.synthesize(studio, text, "en", reference, options, gpt, sovits, MAX_TOKENS))
+    return list(handlers.synthesize(studio, text, "en", reference, options, gpt, sovits, MAX_TOKENS, on_progress))
 
 
 # ---- the form: defaults exist once ------------------------------------------------------------
@@ -119,7 +119,10 @@ def test_no_reference_clip_is_a_readable_error() -> None:
 def test_synthesis_streams_chunks_then_the_whole_clip(studio) -> None:
     from engine.pipeline import Reference, join
 
-    chunks = _run(studio, "Hello there. Nice to meet you!", text_split_method="cut5")
+    progress: list[tuple[int, int]] = []
+    chunks = _run(studio, "Hello there. Nice to meet you!", text_split_method="cut5", batch_size=1,
+                  on_progress=lambda done, total: progress.append((done, total)))
+    assert progress == [(1, 2), (2, 2)]  # what the page's progress bar shows
     *pieces, final = chunks
     assert final.final and not any(c.final for c in pieces) and len(pieces) == 2  # one chunk per sentence
     assert all(c.sample_rate == 32000 and c.pcm16.dtype == np.int16 for c in chunks)
@@ -127,7 +130,8 @@ def test_synthesis_streams_chunks_then_the_whole_clip(studio) -> None:
     assert "Seed **7**" in final.status
     # the same request straight through the engine gives the same samples
     direct = list(studio.synthesize("Hello there. Nice to meet you!", "en", Reference(str(REF), REF_TEXT, "en"),
-                                    SynthesisOptions(seed=7, text_split_method="cut5", early_stop_num=MAX_TOKENS)))
+                                    SynthesisOptions(seed=7, text_split_method="cut5", batch_size=1,
+                                                     early_stop_num=MAX_TOKENS)))
     rate, audio = join(direct)
     np.testing.assert_array_equal(final.pcm16, np.clip(audio * 32768.0, -32768, 32767).astype(np.int16))
     # each sentence: at most MAX_TOKENS tokens (640 samples each at 32 kHz for v2) + the 0.3 s pause
@@ -237,6 +241,22 @@ def test_auth_accepts_a_pair_or_a_file(tmp_path) -> None:
     assert parse_auth(str(f)) == [("ann", "one"), ("bob", "two")]
     with pytest.raises(ConfigError, match="USER:PASS"):
         parse_auth("nopassword")
+
+
+def test_share_link_or_the_reason_there_is_none(monkeypatch) -> None:
+    import gradio.networking
+    from webui.server import _share_link
+
+    monkeypatch.setattr(gradio.networking, "setup_tunnel", lambda *a: "https://abc.gradio.live")
+    assert _share_link("127.0.0.1", 9872, protected=True) == "Public link (72 h): https://abc.gradio.live"
+    assert "--auth" in _share_link("127.0.0.1", 9872, protected=False)
+
+    def offline(*_):
+        raise RuntimeError("Could not get share link from Gradio API Server.")
+
+    monkeypatch.setattr(gradio.networking, "setup_tunnel", offline)
+    message = _share_link("127.0.0.1", 9872, protected=True)
+    assert message.startswith("warning: no share link") and "still served locally" in message
 
 
 def test_streamed_chunks_encode_without_an_ffmpeg_program() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 import json
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,7 +73,10 @@ def build_ui(studio, config=None, catalog: ModelCatalog | None = None, settings:
     controls: dict[str, gr.components.Component] = {}
 
     theme = gr.themes.Default(font=["system-ui", "sans-serif"], font_mono=["ui-monospace", "monospace"])  # no web fonts
-    with gr.Blocks(title=settings.title, theme=theme, analytics_enabled=False) as demo:
+    with warnings.catch_warnings():  # gradio 5.50 warns that gradio 6 moves `theme` to launch(); we mount, not launch
+        warnings.simplefilter("ignore", DeprecationWarning)
+        demo = gr.Blocks(title=settings.title, theme=theme, analytics_enabled=False)
+    with demo:
         gr.Markdown(f"# {settings.title}\n{INTRO} Models run on `{studio.runtime.device}`."
                     + (f"\n\n> {settings.notice}" if settings.notice else ""))
         with gr.Group(visible=bool(missing), elem_id="missing-weights"):
@@ -140,13 +144,13 @@ def build_ui(studio, config=None, catalog: ModelCatalog | None = None, settings:
         generate.__signature__ = _named(list(fields))  # API parameter names = field names
         generate_btn.click(generate, list(fields.values()), [stream_out, full_out, status], api_name="generate")
         ref_audio.change(lambda p: handlers.describe_reference(p, studio.reference_rules), ref_audio, ref_info,
-                         show_api=False, queue=False)
-        reroll.click(handlers.new_seed, None, controls["seed"], show_api=False, queue=False)
+                         api_name="describe_reference", queue=False)
+        reroll.click(handlers.new_seed, None, controls["seed"], api_name="new_seed", queue=False)
         refresh_btn.click(lambda: (gr.update(choices=catalog.choices("gpt")), gr.update(choices=catalog.choices("sovits"))),
-                          None, [gpt, sovits], show_api=False)
+                          None, [gpt, sovits], api_name="rescan_models")
         if config is not None:
             download_btn.click(lambda: handlers.download_weights(config.base_dir, config.active.version), None,
-                               download_md, show_api=False, concurrency_limit=1)
+                               download_md, api_name="download_weights", concurrency_limit=1)
     return demo
 
 
