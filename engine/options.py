@@ -49,7 +49,7 @@ class SynthesisOptions:
     temperature: float = 1.0  # logits divided by max(temperature, 1e-5)
     repetition_penalty: float = 1.35  # once per distinct token already in the sequence
     seed: int = -1  # -1: a random seed in [0, 2^32-1] (reported on every Result)
-    early_stop_num: int | None = None  # stop once more tokens than this are generated; None: hz*max_sec of the GPT (2700)
+    early_stop_num: int | None = None  # stop past this many new tokens; None: hz*max_sec of the GPT (2700)
     # ---- acoustic ---------------------------------------------------------------------------
     speed_factor: float = 1.0  # > 1 speaks faster (latent time-stretch; disables bucketing)
     sample_steps: int = 32  # CFM Euler steps (v3/v4 only)
@@ -206,7 +206,7 @@ class EngineSettings:
     memory_wait_seconds: float = 30.0  # "wait": how long to wait for memory before refusing
     weight_roots: tuple[str, ...] = ()  # folders weight files may come from; empty: any path
     warmup: bool = False  # run a tiny synthesis when a model set is loaded
-    t2s_decoder: str = "auto"  # "auto": FastT2S (CUDA graphs) on CUDA, the reference loop elsewhere; "fast"; "reference"
+    t2s_decoder: str = "auto"  # "auto": FastT2S (CUDA graphs) on CUDA, else the reference loop; "fast"; "reference"
     max_text_chars: int = 10_000  # longer request texts are refused
 
     def __post_init__(self) -> None:

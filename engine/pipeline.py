@@ -24,21 +24,39 @@ import os
 import random
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from engine.errors import (CheckpointError, EngineError, OptionsError, ReferenceAudioError, TextError,
-                           UnsupportedLanguageError)
+from engine.errors import (
+    CheckpointError,
+    EngineError,
+    OptionsError,
+    ReferenceAudioError,
+    TextError,
+    UnsupportedLanguageError,
+)
 from engine.memory import MemoryGuard, MemoryReader, system_memory_reader
 from engine.model_pool import ModelPool, Models, WeightSet
-from engine.options import MAX_SEED, EngineSettings, SynthesisOptions, SynthesisPlan, resolve_plan
+from engine.options import (
+    MAX_SEED,
+    EngineSettings,
+    SynthesisOptions,
+    SynthesisPlan,
+    resolve_plan,
+)
 from engine.reference import ReferenceRules, read_reference, reference_features
 from engine.reference_cache import ReferenceCache, ReferenceKey, sha256_bytes
 from engine.runtime import Runtime, resolve_runtime
-from engine.t2s_decoding import SamplingParams, StopRules, T2SDecoder, T2SInput, T2SOutput
+from engine.t2s_decoding import (
+    SamplingParams,
+    StopRules,
+    T2SDecoder,
+    T2SInput,
+    T2SOutput,
+)
 
 log = logging.getLogger(__name__)
 
@@ -493,7 +511,10 @@ class VoiceCloner:
         tokens = [o.tokens.to(dev) for o in outs]  # a decoder may hand tokens back on the host
         if m.uses_vocoder:
             from engine.models.cfm import gaussian_noise
-            from engine.vocoder_synthesis import synthesize_batched, synthesize_sequential
+            from engine.vocoder_synthesis import (
+                synthesize_batched,
+                synthesize_sequential,
+            )
 
             voc_dtype = (next(m.vocoder.parameters()).dtype if isinstance(m.vocoder, torch.nn.Module)
                          else torch.float32)  # a Core ML wrapper takes float32
@@ -553,7 +574,9 @@ class VoiceCloner:
                 break
             previous.extend(toks)
             n = len(toks)
-            ov = opts.overlap_length + (STREAM_MIN_CHUNK - n) if (not first and n < STREAM_MIN_CHUNK) else opts.overlap_length
+            ov = opts.overlap_length
+            if not first and n < STREAM_MIN_CHUNK:  # official: a short chunk gets a longer overlap
+                ov += STREAM_MIN_CHUNK - n
             codes = torch.tensor(previous, dtype=torch.long, device=dev).view(1, 1, -1)
             audio, latent = decode_streaming(
                 m.sovits, codes, phones, list(ref.specs), sv, speed=opts.speed_factor,
@@ -616,14 +639,16 @@ class Studio:
         if device is None and precision is None:
             runtime = runtime_from_official(cfg.active.device, cfg.active.is_half)
         else:
-            runtime = resolve_runtime(device or cfg.active.device, precision or ("fp16" if cfg.active.is_half else "fp32"))
+            precision = precision or ("fp16" if cfg.active.is_half else "fp32")
+            runtime = resolve_runtime(device or cfg.active.device, precision)
         return cls(WeightSet.from_config(cfg), runtime, settings, **kwargs)
 
     @property
     def default_weights(self) -> WeightSet:
         return self._defaults
 
-    def set_default_weights(self, gpt: str | os.PathLike | None = None, sovits: str | os.PathLike | None = None) -> Models:
+    def set_default_weights(self, gpt: str | os.PathLike | None = None,
+                            sovits: str | os.PathLike | None = None) -> Models:
         """Change the weights used by requests that name none (api_v2 ``set_*_weights``); loads them first,
         so a bad path changes nothing. Requests already running keep their models."""
         weights = self._defaults.replace(gpt=gpt, sovits=sovits)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import synth_support as sup
 import torch
 
-import synth_support as sup
 from engine.errors import CheckpointError, OptionsError
 from engine.model_pool import ModelPool, WeightPathError, WeightSet, check_weight_path
 from engine.runtime import resolve_runtime

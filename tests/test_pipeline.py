@@ -14,10 +14,16 @@ import threading
 
 import numpy as np
 import pytest
+import synth_support as sup
 import torch
 
-import synth_support as sup
-from engine.errors import EngineError, OptionsError, ReferenceAudioError, TextError, UnsupportedLanguageError
+from engine.errors import (
+    EngineError,
+    OptionsError,
+    ReferenceAudioError,
+    TextError,
+    UnsupportedLanguageError,
+)
 from engine.options import SynthesisOptions
 from engine.pipeline import Reference, Result, VoiceCloner, bucket_batches, join
 from engine.reference_cache import ReferenceCache
@@ -87,7 +93,8 @@ def test_random_seed_is_reported_and_reproduces():
 
 def test_bucketing_restores_the_sentence_order():
     cloner = sup.studio("v2").cloner()
-    text = "A very long first sentence, with many many words in it. Hi there. Short one. Another rather long sentence here."
+    text = ("A very long first sentence, with many many words in it. Hi there. Short one. "
+            "Another rather long sentence here.")
     opts = FAST.replace(batch_size=3, split_bucket=True, early_stop_num=11)
     sentences = cloner.split(text, "en", opts)
     results = list(cloner(text, "en", reference(), opts))

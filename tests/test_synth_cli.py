@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import soundfile as sf
-
 import synth_support as sup
+
 from engine.cli import build_parser, main
 from engine.options import SynthesisOptions, option_names
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import MISSING, fields
+from dataclasses import fields
 
 _HIDDEN = {"streaming_mode"}  # exposed as --stream
 
@@ -30,9 +30,10 @@ def _bool(text: str) -> bool:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--text", required=True, help="text to read (or @FILE to read it from a file)")
-    parser.add_argument("--text-lang", required=True, help="language of the text: zh, en, ja, ko, yue, auto, all_zh ...")
+    parser.add_argument("--text-lang", required=True, help="language of the text: zh, en, ja, ko, yue, auto, all_zh...")
     parser.add_argument("--ref", required=True, help="reference clip (3-10 s)")
-    parser.add_argument("--ref-text", default="", help="transcript of the reference clip (empty: reference-free, v1/v2 only)")
+    parser.add_argument("--ref-text", default="",
+                        help="transcript of the reference clip (empty: reference-free, v1/v2 only)")
     parser.add_argument("--ref-lang", default="", help="language of the transcript")
     parser.add_argument("--aux-ref", action="append", default=[], help="extra reference clip (repeatable)")
     parser.add_argument("--out", required=True, help="output wav file")
