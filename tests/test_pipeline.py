@@ -346,3 +346,18 @@ def test_decode_streaming_without_crop_equals_decode(version, speed):
     part, _ = decode_streaming(models.sovits, codes, phones, list(ref.specs), sv, result_length=4,
                                overlap_frames=latent[:, :, -4:], generator=torch.Generator().manual_seed(5))
     assert part.shape[-1] == 2 * 4 * math.prod(models.sovits.dims.upsample_rates)
+
+
+def test_a_request_closed_early_frees_its_state():
+    """A client that goes away closes the iterator: decoding stops there and the next request runs normally."""
+    cloner = sup.studio("v2").cloner()
+    opts = FAST.replace(streaming_mode=True, min_chunk_length=4, early_stop_num=40, fixed_length_chunk=True)
+    calls = []
+    stream = cloner("Nice to meet you.", "en", reference(), opts, on_progress=lambda d, t: calls.append(d))
+    next(stream)
+    stream.close()
+    assert calls == []  # the sentence was never finished
+    with pytest.raises(StopIteration):
+        next(stream)
+    full = list(cloner("Nice to meet you.", "en", reference(), opts))
+    assert full[-1].is_last
