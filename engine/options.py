@@ -206,7 +206,9 @@ class EngineSettings:
     memory_wait_seconds: float = 30.0  # "wait": how long to wait for memory before refusing
     weight_roots: tuple[str, ...] = ()  # folders weight files may come from; empty: any path
     warmup: bool = False  # run a tiny synthesis when a model set is loaded
-    t2s_decoder: str = "auto"  # "auto": FastT2S (CUDA graphs) on CUDA, else the reference loop; "fast"; "reference"
+    # "auto": FastT2S (CUDA graphs) on CUDA, else the reference loop; "fast"; "reference". Streaming
+    # requests always use the reference loop (FastT2S serves one request at a time).
+    t2s_decoder: str = "auto"
     max_text_chars: int = 10_000  # longer request texts are refused
 
     def __post_init__(self) -> None:

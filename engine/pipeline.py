@@ -413,7 +413,10 @@ class VoiceCloner:
              seed: int, on_progress: ProgressCallback | None) -> Iterator[Result]:
         m = self.models
         gen = torch.Generator(device=m.device).manual_seed(seed)  # one RNG stream per request
-        decoder = T2SDecoder(m.t2s, generator=gen) if m.t2s_fast is None else _FastDecoder(m.t2s_fast, gen)
+        # FastT2S serves one request at a time and, when streaming, stays held while the chunks are voiced;
+        # streaming requests use the reference loop so that they never wait for each other.
+        use_fast = m.t2s_fast is not None and not plan.streaming
+        decoder = _FastDecoder(m.t2s_fast, gen) if use_fast else T2SDecoder(m.t2s, generator=gen)
         params = SamplingParams(top_k=opts.top_k, top_p=float(opts.top_p), temperature=float(opts.temperature),
                                 repetition_penalty=float(opts.repetition_penalty))
         rules = StopRules(early_stop_num=opts.early_stop_num if opts.early_stop_num is not None else m.early_stop_num)

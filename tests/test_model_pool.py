@@ -193,7 +193,8 @@ def test_warm_up_at_load(version, caplog):
 
 
 def test_fast_t2s_decoder_through_the_pipeline():
-    """EngineSettings(t2s_decoder="fast") runs FastT2S (here without CUDA graphs); seeded runs repeat."""
+    """EngineSettings(t2s_decoder="fast") runs FastT2S (here without CUDA graphs; streaming keeps the reference
+    loop); seeded runs repeat."""
     from engine.options import EngineSettings, SynthesisOptions
     from engine.pipeline import Reference, Studio, join
 
