@@ -361,3 +361,27 @@ def test_a_request_closed_early_frees_its_state():
         next(stream)
     full = list(cloner("Nice to meet you.", "en", reference(), opts))
     assert full[-1].is_last
+
+
+def test_batch_is_voiced_in_one_decode_and_cut_at_token_boundaries():
+    """Official §9.3 step 6 (speed 1): the batch's tokens and phones are concatenated, decoded once, and the
+    waveform is cut back at len_i * 2 * prod(upsample_rates) samples."""
+    from engine.options import resolve_plan
+    from engine.pipeline import _Sentence
+
+    cloner = VoiceCloner(sup.studio("v2").cloner().models, ReferenceCache())
+    m = cloner.models
+    ref = cloner.prepare(reference())
+    g = torch.Generator().manual_seed(0)
+    items = [_Sentence(i, tuple(torch.randint(1, 300, (n,), generator=g).tolist()), torch.zeros(1, n), "x")
+             for i, n in enumerate((7, 12))]
+    outs = [T2SOutput(tokens=torch.randint(0, 1024, (n,), generator=g), steps=n, stop="eos",
+                      sequence=torch.zeros(0)) for n in (9, 5)]
+    opts = SynthesisOptions()
+    pieces = cloner._acoustic(items, outs, ref, opts, resolve_plan(opts, m.version), torch.Generator().manual_seed(3))
+    whole = m.sovits.decode(torch.cat([o.tokens for o in outs]).view(1, 1, -1),
+                            torch.tensor(items[0].phones + items[1].phones).view(1, -1), list(ref.specs),
+                            generator=torch.Generator().manual_seed(3))[0, 0]
+    up = 2 * math.prod(m.sovits.dims.upsample_rates)
+    assert [p.shape[0] for p in pieces] == [9 * up, 5 * up]
+    torch.testing.assert_close(torch.cat(pieces), whole, rtol=0, atol=0)
