@@ -277,7 +277,8 @@ class VoiceCloner:
         main = _read_clip_bytes(reference.audio, "ref_audio_path")
         aux = tuple(_read_clip_bytes(a, f"aux_ref_audio_paths[{i}]") for i, a in enumerate(reference.aux_audio))
         key = ReferenceKey(sha256_bytes(main), prompt_text, reference.language if prompt_text else "",
-                           self.models.id, tuple(sha256_bytes(a) for a in aux))
+                           f"{self.models.id}|{self.reference_rules}",  # a clip checked under other rules differs
+                           tuple(sha256_bytes(a) for a in aux))
         return self.cache.get_or_create(key, lambda: self._build_reference(main, aux, prompt_text, reference.language))
 
     @staticmethod
