@@ -106,3 +106,10 @@ def test_upload_type_generate_and_hear_the_clip(page) -> None:
     assert shot.stat().st_size > 10_000
     if os.environ.get("SOVITS_UPDATE_DOCS") == "1":
         shutil.copyfile(shot, REPO / "docs" / "webui.png")
+
+
+def test_an_example_fills_the_form(page) -> None:
+    page.wait_for_selector("#generate", timeout=60_000)
+    page.get_by_text("en_kumo_01.wav").click()
+    page.wait_for_selector("#ref-info:has-text('5.02 s')", timeout=30_000)
+    assert page.locator("#ref-text textarea").input_value().startswith("Voice cloning needs only")

@@ -75,7 +75,8 @@ def build_ui(studio, config=None, catalog: ModelCatalog | None = None, settings:
     theme = gr.themes.Default(font=["system-ui", "sans-serif"], font_mono=["ui-monospace", "monospace"])  # no web fonts
     with warnings.catch_warnings():  # gradio 5.50 warns that gradio 6 moves `theme` to launch(); we mount, not launch
         warnings.simplefilter("ignore", DeprecationWarning)
-        demo = gr.Blocks(title=settings.title, theme=theme, analytics_enabled=False)
+        demo = gr.Blocks(title=settings.title, theme=theme, analytics_enabled=False,
+                         delete_cache=(3600, 3600))  # uploads and clips older than an hour are removed hourly
     with demo:
         gr.Markdown(f"# {settings.title}\n{INTRO} Models run on `{studio.runtime.device}`."
                     + (f"\n\n> {settings.notice}" if settings.notice else ""))
