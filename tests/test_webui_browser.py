@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from server_fixtures import running_server
 from synth_support import model_config
+from test_webui_server import running_server
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

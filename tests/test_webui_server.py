@@ -7,6 +7,8 @@ from __future__ import annotations
 import base64
 import io
 import threading
+import time
+from contextlib import contextmanager
 
 import httpx
 import numpy as np
@@ -14,7 +16,7 @@ import pytest
 import soundfile as sf
 
 from conftest import REPO
-from server_fixtures import running_server
+from server_fixtures import free_port
 from synth_support import model_config
 
 pytest.importorskip("gradio_client")
@@ -26,6 +28,29 @@ REF = REPO / "assets" / "en_slt_01.wav"
 REF_TEXT = "A good reference clip should be clear and calm, with no music or noise in the background."
 MAX_TOKENS = 8
 UPLOAD_LIMIT = 1 << 20
+
+
+@contextmanager
+def running_server(app):
+    """Serve ``app`` on 127.0.0.1:<free port> in a thread; yields the base URL. Open page connections
+    (gradio_client's heartbeat stream) get one second at shutdown instead of holding it up."""
+    import uvicorn
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                           timeout_graceful_shutdown=1))
+    thread = threading.Thread(target=server.run, name="webui-test-server", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the web UI test server did not start")
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
 
 
 def _weights(version: str):
