@@ -190,10 +190,10 @@ def resolve_sovits_version(file_version: tuple[str, str, bool], weights: Mapping
     return symbol_version, model_version, is_lora
 
 
-def save_torch_file(obj: Any, path: str | os.PathLike, header: bytes | None = None) -> None:
+def save_torch_file(obj: Any, path: str | os.PathLike, header: bytes | None = None, **save_kwargs: Any) -> None:
     """``torch.save`` then, if given, overwrite the first two bytes with an official version tag."""
     buf = io.BytesIO()
-    torch.save(obj, buf)
+    torch.save(obj, buf, **save_kwargs)
     data = buf.getvalue()
     if header is not None:
         if header not in HEADER_VERSIONS:

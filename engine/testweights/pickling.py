@@ -8,15 +8,12 @@ as real ones (and fail the same way in any loader that cannot map that class).
 
 from __future__ import annotations
 
-import io
 import pickle
 import types
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from engine.checkpoints import HEADER_VERSIONS, HParams
+from engine.checkpoints import HParams, save_torch_file
 
 OFFICIAL_MODULE, OFFICIAL_NAME = "utils", "HParams"
 
@@ -40,11 +37,4 @@ def to_hparams(config: dict) -> HParams:
 
 def save_with_official_hparams(obj: Any, path: str | Path, header: bytes | None = None) -> None:
     """``torch.save(obj)`` with HParams pickled as ``utils.HParams``; optional 2-byte version tag."""
-    buf = io.BytesIO()
-    torch.save(obj, buf, pickle_module=_pickle_module, pickle_protocol=2)
-    data = buf.getvalue()
-    if header is not None:
-        if header not in HEADER_VERSIONS:
-            raise ValueError(f"unknown version header {header!r}")
-        data = header + data[2:]
-    Path(path).write_bytes(data)
+    save_torch_file(obj, path, header, pickle_module=_pickle_module, pickle_protocol=2)
