@@ -160,6 +160,34 @@ def test_bad_requests_raise_engine_errors_and_the_next_one_works(studio, sets) -
     assert _run(studio)[-1].final
 
 
+def test_a_stopped_request_frees_its_engine_iterator(studio) -> None:
+    from webui import handlers
+
+    closed = []
+
+    class Watching:
+        """The studio, with the result iterator it hands out watched for close()."""
+
+        default_weights = studio.default_weights
+
+        def synthesize(self, *args, **kwargs):
+            results = studio.synthesize(*args, **kwargs)
+
+            def watched():
+                try:
+                    yield from results
+                finally:
+                    closed.append(True)
+            return watched()
+
+    reference = handlers.make_reference(str(REF), REF_TEXT, "en", None)
+    chunks = handlers.synthesize(Watching(), "One. Two. Three.", "en", reference,
+                                 SynthesisOptions(seed=1, batch_size=1, text_split_method="cut5"), max_tokens=4)
+    assert not next(chunks).final
+    chunks.close()  # what Gradio does on Stop or a closed tab
+    assert closed == [True]
+
+
 def test_token_cap_applies_to_requests_without_one(studio) -> None:
     from webui import handlers
 

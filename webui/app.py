@@ -98,7 +98,9 @@ def build_ui(studio, config=None, catalog: ModelCatalog | None = None, settings:
                 text = gr.Textbox(label="Text to speak", lines=5, value=settings.default_text, elem_id="text")
                 text_lang = gr.Dropdown(langs, value="en", label="Language of the text")
                 controls["text_split_method"] = _control(form.CONTROLS[0])
-                generate_btn = gr.Button("Generate", variant="primary", elem_id="generate")
+                with gr.Row():
+                    generate_btn = gr.Button("Generate", variant="primary", elem_id="generate", scale=3)
+                    stop_btn = gr.Button("Stop", variant="stop", scale=1)
                 stream_out = streaming_audio(label="Playing as it is made", autoplay=True,
                                             interactive=False, elem_id="stream-audio")
                 full_out = gr.Audio(label="Full clip", type="numpy", format="wav", interactive=False,
@@ -143,7 +145,9 @@ def build_ui(studio, config=None, catalog: ModelCatalog | None = None, settings:
                 raise gr.Error(str(e), print_exception=False) from e
 
         generate.__signature__ = _named(list(fields))  # API parameter names = field names
-        generate_btn.click(generate, list(fields.values()), [stream_out, full_out, status], api_name="generate")
+        running = generate_btn.click(generate, list(fields.values()), [stream_out, full_out, status],
+                                     api_name="generate")
+        stop_btn.click(None, None, None, cancels=[running])
         ref_audio.change(lambda p: handlers.describe_reference(p, studio.reference_rules), ref_audio, ref_info,
                          api_name="describe_reference", queue=False)
         reroll.click(handlers.new_seed, None, controls["seed"], api_name="new_seed", queue=False)

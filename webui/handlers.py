@@ -71,10 +71,13 @@ def synthesize(studio, text: str, text_lang: str, reference, options, gpt: str |
     results = studio.synthesize(text, text_lang, reference, options, gpt=gpt or None, sovits=sovits or None,
                                 on_progress=on_progress)
     pieces, rate, seed = [], 0, options.seed
-    for r in results:
-        pieces.append(r.pcm16())
-        rate, seed = r.sample_rate, r.seed
-        yield Chunk(r.sample_rate, pieces[-1])
+    try:
+        for r in results:
+            pieces.append(r.pcm16())
+            rate, seed = r.sample_rate, r.seed
+            yield Chunk(r.sample_rate, pieces[-1])
+    finally:  # a cancelled request (Stop, closed tab) frees its per-request state now, not at GC
+        results.close()
     audio = np.concatenate(pieces) if pieces else np.zeros(0, np.int16)
     seconds = audio.shape[0] / rate if rate else 0.0
     took = time.monotonic() - started

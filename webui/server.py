@@ -152,7 +152,8 @@ def serve(args: argparse.Namespace) -> int:
 def _run(app, host: str, port: int, share: bool, protected: bool) -> int:
     import uvicorn
 
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                           timeout_graceful_shutdown=5))  # open page streams do not block Ctrl+C
     thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
     thread.start()
     while not server.started:
