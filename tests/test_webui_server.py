@@ -206,3 +206,40 @@ def test_the_page_opens_when_weights_are_missing(tmp_path) -> None:
         client = Client(url + "/", verbose=False, download_files=False)
         with pytest.raises(AppError, match="does not exist"):
             _request(client).result()
+
+
+def test_the_readme_main_command_brings_the_page_up(tmp_path) -> None:
+    """`sovits-studio webui` from the repository root: the shipped config (CUDA, official weights, neither
+    here) still gives a page that says what is missing and which device runs; Ctrl+C stops it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "GRADIO_TEMP_DIR": str(tmp_path / "gradio")}
+    proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "webui", "--port", str(port),
+                             "--profiles-dir", str(tmp_path / "voices")], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    try:
+        deadline = time.monotonic() + 120
+        while not any("is running: http://127.0.0.1:" in line for line in lines):
+            assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)
+            lines.append(proc.stdout.readline())
+        assert f"http://127.0.0.1:{port}/" in lines[-1]
+        page = httpx.get(f"http://127.0.0.1:{port}/config", timeout=30).json()
+        text = " ".join(str(c["props"].get("value") or "") for c in page["components"] if c["type"] == "markdown")
+        assert "Weights are missing" in text and "s2G2333k.pth" in text
+        import torch
+
+        if not torch.cuda.is_available():  # the shipped config asks for cuda: the page says what runs instead
+            assert "lacks" in text and "`cpu`" in text
+        assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=30).json()["status"] == "ok"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        finally:
+            proc.kill()
+    assert proc.returncode == 0, "".join(lines) + proc.stdout.read()
