@@ -41,9 +41,11 @@ class Section:
     vocoder_backend: str = "torch"  # torch | coreml (coreml only takes effect on macOS)
     vocoder_path: str = ""  # BigVGAN folder (v3) or vocoder.pth (v4); empty: the official location
     sv_weights_path: str = ""  # ERes2NetV2 checkpoint (v2Pro*); empty: the official location
+    vocoder_coreml_package: str = ""  # the .mlpackage used when vocoder_backend is coreml
 
 
-_OFFICIAL_KEYS = {f.name for f in fields(Section)} - {"vocoder_backend", "vocoder_path", "sv_weights_path"}
+_OFFICIAL_KEYS = {f.name for f in fields(Section)} - {"vocoder_backend", "vocoder_path", "sv_weights_path",
+                                                     "vocoder_coreml_package"}
 _KEY_TYPES = {f.name: (bool if f.name == "is_half" else str) for f in fields(Section)}
 
 

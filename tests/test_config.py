@@ -93,6 +93,7 @@ def test_file_errors(tmp_path: Path) -> None:
 def test_extensions_are_validated() -> None:
     base = {"device": "cpu", "is_half": False, "version": "v3", "t2s_weights_path": "", "vits_weights_path": "",
             "bert_base_path": "", "cnhuhbert_base_path": ""}
-    assert parse_config({"custom": dict(base, vocoder_backend="coreml")}).active.vocoder_backend == "coreml"
+    cfg = parse_config({"custom": dict(base, vocoder_backend="coreml", vocoder_coreml_package="v.mlpackage")})
+    assert cfg.active.vocoder_backend == "coreml" and cfg.active.vocoder_coreml_package == "v.mlpackage"
     with pytest.raises(ConfigError, match="vocoder_backend"):
         parse_config({"custom": dict(base, vocoder_backend="onnx")})
