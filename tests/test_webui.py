@@ -11,15 +11,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile as sf
-
 from conftest import REPO
 from synth_support import model_config
 
 pytest.importorskip("gradio")
 
-from engine.errors import CheckpointError, OptionsError, ReferenceAudioError, TextError  # noqa: E402
-from engine.options import SynthesisOptions  # noqa: E402
-from engine.reference import ReferenceRules  # noqa: E402
+from engine.errors import CheckpointError, OptionsError, ReferenceAudioError, TextError
+from engine.options import SynthesisOptions
+from engine.reference import ReferenceRules
 
 REF = REPO / "assets" / "en_slt_01.wav"
 REF_TEXT = "A good reference clip should be clear and calm, with no music or noise in the background."
@@ -94,7 +93,7 @@ def test_reference_length_is_measured_and_bad_clips_are_explained(tmp_path) -> N
 
     rules = ReferenceRules()
     assert describe_reference(str(REF), rules).startswith("✓ 5.85 s")
-    t = np.arange(int(12 * 16000)) / 16000
+    t = np.arange(12 * 16000) / 16000
     long = _wav(tmp_path / "long.wav", 0.3 * np.sin(2 * np.pi * 220 * t))
     assert "12.00 s" in describe_reference(str(long), rules) and "too long" in describe_reference(str(long), rules)
     silent = _wav(tmp_path / "silent.wav", np.zeros(4 * 16000))
@@ -221,7 +220,7 @@ def test_model_lists_show_each_files_detected_kind_and_version(sets, tmp_path) -
 
 
 def test_missing_weights_are_listed_and_the_download_explains_itself_offline(tmp_path, monkeypatch) -> None:
-    import engine.download as download
+    from engine import download
     from engine.config import load_config
     from engine.model_pool import WeightSet
     from webui import handlers
@@ -273,6 +272,7 @@ def test_auth_accepts_a_pair_or_a_file(tmp_path) -> None:
 
 def test_share_link_or_the_reason_there_is_none(monkeypatch) -> None:
     import gradio.networking
+
     from webui.server import _share_link
 
     monkeypatch.setattr(gradio.networking, "setup_tunnel", lambda *a: "https://abc.gradio.live")

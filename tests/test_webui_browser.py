@@ -11,7 +11,6 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO
 from synth_support import model_config
 from test_webui_server import running_server

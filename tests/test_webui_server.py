@@ -14,15 +14,14 @@ import httpx
 import numpy as np
 import pytest
 import soundfile as sf
-
 from conftest import REPO
 from server_fixtures import free_port
 from synth_support import model_config
 
 pytest.importorskip("gradio_client")
 
-from gradio_client import Client, handle_file  # noqa: E402
-from gradio_client.exceptions import AppError  # noqa: E402
+from gradio_client import Client, handle_file
+from gradio_client.exceptions import AppError
 
 REF = REPO / "assets" / "en_slt_01.wav"
 REF_TEXT = "A good reference clip should be clear and calm, with no music or noise in the background."

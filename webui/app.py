@@ -113,17 +113,15 @@ def build_ui(studio, config=None, catalog: ModelCatalog | None = None, settings:
                 sovits = gr.Dropdown(catalog.choices("sovits"), label="SoVITS weights (.pth)", allow_custom_value=True,
                                      value=str(Path(weights.sovits).resolve()))
             refresh_btn = gr.Button("Rescan weight folders", size="sm")
-        with gr.Accordion("Sampling", open=True):
-            with gr.Row():
-                for c in form.CONTROLS:
-                    if c.group == "sampling":
-                        controls[c.name] = _control(c)
-                reroll = gr.Button("New seed", size="sm")
-        with gr.Accordion("Advanced", open=False):
-            with gr.Row():
-                for c in form.CONTROLS:
-                    if c.group == "advanced":
-                        controls[c.name] = _control(c)
+        with gr.Accordion("Sampling", open=True), gr.Row():
+            for c in form.CONTROLS:
+                if c.group == "sampling":
+                    controls[c.name] = _control(c)
+            reroll = gr.Button("New seed", size="sm")
+        with gr.Accordion("Advanced", open=False), gr.Row():
+            for c in form.CONTROLS:
+                if c.group == "advanced":
+                    controls[c.name] = _control(c)
         if rows := _examples(settings.examples_file):
             gr.Examples(rows, [ref_audio, ref_text, ref_lang, text, text_lang], label="Examples (reference + text)")
 

@@ -80,8 +80,10 @@ class ApiBasicAuth:
 
 
 def create_webui_app(studio, config=None, ui_settings=None, server_settings=None, auth: Credentials | None = None,
-                     concurrency: int = 1, max_queue: int = 32, catalog=None) -> "FastAPI":
+                     concurrency: int = 1, max_queue: int = 32, catalog=None) -> FastAPI:
     """The API app of ``studio`` with the page mounted at ``/``."""
+    from dataclasses import replace
+
     import gradio as gr
 
     from engine.server.app import ServerSettings, create_app
@@ -89,8 +91,6 @@ def create_webui_app(studio, config=None, ui_settings=None, server_settings=None
 
     server_settings = server_settings or ServerSettings()
     upload = server_settings.max_upload_bytes
-    from dataclasses import replace
-
     app = create_app(studio, replace(server_settings, max_upload_bytes=upload + MULTIPART_SLACK))
     demo = build_ui(studio, config=config, catalog=catalog, settings=ui_settings or UISettings())
     demo.queue(default_concurrency_limit=concurrency, max_size=max_queue)
