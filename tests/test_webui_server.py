@@ -59,7 +59,7 @@ def _weights(version: str):
     return str(base / LAYOUT[version]["gpt"]), str(base / LAYOUT[version]["sovits"])
 
 
-def _app(config_path, auth=None):
+def _app(config_path, auth=None, workers=1, max_queue=32):
     from engine.config import load_config
     from engine.pipeline import Studio
     from engine.server.app import ServerSettings
@@ -71,7 +71,8 @@ def _app(config_path, auth=None):
     studio = Studio.from_config(config, device="cpu", precision="fp32")
     catalog = ModelCatalog(config_path.parent, extra_dirs=(model_config("v1").parent / "GPT_SoVITS" / "pretrained_models",))
     return create_webui_app(studio, config, UISettings(max_tokens_per_sentence=MAX_TOKENS),
-                            ServerSettings(max_upload_bytes=UPLOAD_LIMIT, max_tokens_per_sentence=MAX_TOKENS),
+                            ServerSettings(max_upload_bytes=UPLOAD_LIMIT, max_tokens_per_sentence=MAX_TOKENS,
+                                           workers=workers, max_queue=max_queue),
                             auth=auth, catalog=catalog), studio
 
 
@@ -168,6 +169,22 @@ def test_two_tabs_with_different_models_each_get_their_own_voice(server) -> None
                                          *weights, max_tokens=MAX_TOKENS))[-1].pcm16
         np.testing.assert_array_equal(jobs[name], alone)
     assert not np.array_equal(jobs["v1"][: len(jobs["v2"])], jobs["v2"][: len(jobs["v1"])])
+
+
+def test_page_and_api_share_one_pool_of_synthesis_workers() -> None:
+    app, _ = _app(model_config("v2"), workers=1, max_queue=0)
+    busy = threading.Event()
+    with running_server(app) as url:
+        app.state.context.runner.submit(busy.wait, 60)  # an API request holds the only worker
+        client = Client(url + "/", verbose=False, download_files=False)
+        try:
+            with pytest.raises(AppError, match="busy"):
+                _request(client).result()
+        finally:
+            busy.set()
+        time.sleep(0.2)
+        rate, audio, _ = _final_clip(url, _request(client))
+        assert rate == 32000 and audio.shape[0] > 0
 
 
 def test_the_http_api_shares_the_port(server) -> None:

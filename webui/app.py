@@ -8,6 +8,7 @@ each browser tab can pick its own weights. Nothing happens at import; ``main`` r
 
 from __future__ import annotations
 
+import contextvars
 import inspect
 import json
 import sys
@@ -64,8 +65,16 @@ def _examples(path: Path) -> list[list[str]]:
             for r in rows if (path.parent / r["audio"]).is_file()]
 
 
-def build_ui(studio, config=None, catalog: ModelCatalog | None = None, settings: UISettings = UISettings()) -> gr.Blocks:
-    """The web page for ``studio``; ``config`` (an InferConfig) enables the missing-weights panel."""
+def build_ui(studio, config=None, catalog: ModelCatalog | None = None, settings: UISettings = UISettings(),
+             pool=None) -> gr.Blocks:
+    """The web page for ``studio``; ``config`` (an InferConfig) enables the missing-weights panel.
+
+    ``pool`` (an ``engine.server.runner.SynthesisRunner``) runs the syntheses; pass the HTTP API's so
+    that page and API share one bounded set of workers. Default: a pool of one worker for this page.
+    """
+    from engine.server.runner import SynthesisRunner
+
+    pool = pool or SynthesisRunner(workers=1, max_queue=32)
     weights = studio.default_weights
     catalog = catalog or ModelCatalog(weights.base_dir)
     missing = handlers.missing_weights(config, weights) if config is not None else {}
@@ -128,15 +137,21 @@ def build_ui(studio, config=None, catalog: ModelCatalog | None = None, settings:
         fields = {"ref_audio": ref_audio, "ref_text": ref_text, "ref_lang": ref_lang, "aux_audio": aux, "text": text,
                   "text_lang": text_lang, "gpt_weights": gpt, "sovits_weights": sovits, **controls}
 
-        def generate(*args):
+        async def generate(*args):
             *values, progress = args  # gradio passes the gr.Progress named in the signature last
             v = dict(zip(fields, values))
             try:
                 reference = handlers.make_reference(v["ref_audio"], v["ref_text"], v["ref_lang"], v["aux_audio"])
                 options = form.options_from_values({n: v[n] for n in controls})
-                for chunk in handlers.synthesize(studio, v["text"], v["text_lang"], reference, options, v["gpt_weights"],
-                                                 v["sovits_weights"], settings.max_tokens_per_sentence,
-                                                 on_progress=lambda done, total: progress((done, total), unit="sentences")):
+                event = contextvars.copy_context()  # gradio finds the request's progress bar through it
+
+                def on_progress(done: int, total: int) -> None:  # called on the worker thread
+                    event.run(progress, (done, total), unit="sentences")
+
+                chunks = await pool.stream(lambda: handlers.synthesize(
+                    studio, v["text"], v["text_lang"], reference, options, v["gpt_weights"], v["sovits_weights"],
+                    settings.max_tokens_per_sentence, on_progress))
+                async for chunk in chunks:  # computed on a worker of the pool the HTTP API shares
                     audio = (chunk.sample_rate, chunk.pcm16)
                     yield (None, audio, chunk.status) if chunk.final else (audio, gr.skip(), gr.skip())
             except EngineError as e:

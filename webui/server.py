@@ -3,7 +3,8 @@
 ``create_webui_app`` mounts the Gradio page at ``/`` of the API's FastAPI app (the API routes keep
 their official paths: ``/tts``, ``/v1/audio/speech``, ``/metrics``...). ``serve`` loads the config,
 builds the studio (models load on first use), runs uvicorn and, with ``--share``, opens Gradio's
-public tunnel to it. With ``--auth`` the page asks for a login and the API routes for HTTP Basic.
+public tunnel to it. With ``--auth`` the page asks for a login and the API routes for HTTP Basic. Page and
+API run their syntheses on one bounded pool of workers (the API's ``SynthesisRunner``).
 """
 
 from __future__ import annotations
@@ -92,7 +93,8 @@ def create_webui_app(studio, config=None, ui_settings=None, server_settings=None
     server_settings = server_settings or ServerSettings()
     upload = server_settings.max_upload_bytes
     app = create_app(studio, replace(server_settings, max_upload_bytes=upload + MULTIPART_SLACK))
-    demo = build_ui(studio, config=config, catalog=catalog, settings=ui_settings or UISettings())
+    demo = build_ui(studio, config=config, catalog=catalog, settings=ui_settings or UISettings(),
+                    pool=app.state.context.runner)  # page and API share the synthesis workers
     demo.queue(default_concurrency_limit=concurrency, max_size=max_queue)
     if auth:
         app.add_middleware(ApiBasicAuth, api=app, credentials=auth)

@@ -18,7 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--precision", default=None, choices=("auto", "fp32", "fp16", "bf16"),
                         help="override the config's is_half")
     parser.add_argument("--max-upload-mb", type=float, default=20.0, help="largest upload in MiB (default 20)")
-    parser.add_argument("--workers", type=int, default=1, help="syntheses run at once, per page and API (default 1)")
+    parser.add_argument("--workers", type=int, default=1, help="syntheses run at once, page and API together (default 1)")
     parser.add_argument("--max-queue", type=int, default=32, help="requests waiting beyond that (default 32)")
     parser.add_argument("--max-tokens-per-sentence", type=int, default=None,
                         help="cap semantic tokens per sentence (25 per second of audio; default: the model's limit)")
