@@ -171,6 +171,29 @@ def test_two_tabs_with_different_models_each_get_their_own_voice(server) -> None
     assert not np.array_equal(jobs["v1"][: len(jobs["v2"])], jobs["v2"][: len(jobs["v1"])])
 
 
+def test_long_texts_report_progress_per_sentence(server, monkeypatch) -> None:
+    url, studio = server
+    synthesize = studio.synthesize
+
+    def slowly(*args, **kwargs):  # each sentence takes a noticeable time, so the progress updates are seen
+        for result in synthesize(*args, **kwargs):
+            time.sleep(0.4)
+            yield result
+
+    monkeypatch.setattr(studio, "synthesize", slowly)
+    client = Client(url + "/", verbose=False, download_files=False)
+    job = _request(client, text="Good morning, everyone. See you later, my friends.",
+                   text_split_method="cut5", batch_size=1)
+    seen = set()
+    while not job.done():
+        for unit in job.status().progress_data or []:
+            seen.add((unit.index, unit.length, unit.unit))
+        time.sleep(0.05)
+    job.result()
+    total = max(n for _, n, _ in seen)
+    assert total >= 2 and {(k, total, "sentences") for k in range(1, total)} <= seen  # k of n, mid-run
+
+
 def test_page_and_api_share_one_pool_of_synthesis_workers() -> None:
     app, _ = _app(model_config("v2"), workers=1, max_queue=0)
     busy = threading.Event()
