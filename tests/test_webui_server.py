@@ -190,8 +190,8 @@ def test_long_texts_report_progress_per_sentence(server, monkeypatch) -> None:
             seen.add((unit.index, unit.length, unit.unit))
         time.sleep(0.05)
     job.result()
-    total = max(n for _, n, _ in seen)
-    assert total >= 2 and {(k, total, "sentences") for k in range(1, total)} <= seen  # k of n, mid-run
+    # "k/n sentences" while it runs (updates may coalesce, so not necessarily every k)
+    assert any(unit == "sentences" and n >= 2 and 1 <= k < n for k, n, unit in seen), seen
 
 
 def test_page_and_api_share_one_pool_of_synthesis_workers() -> None:
