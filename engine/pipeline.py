@@ -629,6 +629,7 @@ class Studio:
         self.memory.add_shrinker("reference cache", self.references.shrink)
         self.memory.add_shrinker("model pool", self.pool.shrink)
         self._defaults = weights
+        self.device_notice = ""  # set by from_config when the config's device was not available
         self._lock = threading.Lock()
         self._warmed: set[str] = set()
 
@@ -637,15 +638,13 @@ class Studio:
                     settings: EngineSettings = EngineSettings(), **kwargs) -> "Studio":
         """From a ``tts_infer.yaml`` path or ``InferConfig``; ``device``/``precision`` override its section."""
         from engine.config import InferConfig, load_config
-        from engine.runtime import runtime_from_official
+        from engine.runtime import runtime_for_config
 
         cfg = config if isinstance(config, InferConfig) else load_config(config)
-        if device is None and precision is None:
-            runtime = runtime_from_official(cfg.active.device, cfg.active.is_half)
-        else:
-            precision = precision or ("fp16" if cfg.active.is_half else "fp32")
-            runtime = resolve_runtime(device or cfg.active.device, precision)
-        return cls(WeightSet.from_config(cfg), runtime, settings, **kwargs)
+        runtime, notice = runtime_for_config(cfg.active.device, cfg.active.is_half, device, precision)
+        studio = cls(WeightSet.from_config(cfg), runtime, settings, **kwargs)
+        studio.device_notice = notice
+        return studio
 
     @property
     def default_weights(self) -> WeightSet:

@@ -174,6 +174,27 @@ def runtime_from_official(device: str, is_half: bool, probe: DeviceProbe | None 
     return resolve_runtime(device, "fp16" if is_half else "fp32", probe=probe)
 
 
+def runtime_for_config(device: str, is_half: bool, override_device: str | None = None,
+                       override_precision: str | None = None,
+                       probe: DeviceProbe | None = None) -> tuple[Runtime, str]:
+    """The runtime of a config section with command-line overrides, and a notice ("" if none).
+
+    A device named on the command line must exist. A device named only by the config that this
+    machine lacks (the shipped official config asks for CUDA) falls back to ``auto``, and the notice
+    says so, so a server or page still starts on a machine without that device.
+    """
+    precision = override_precision or ("fp16" if is_half else "fp32")
+    try:
+        return resolve_runtime(override_device or device, precision, probe=probe), ""
+    except DeviceUnavailableError as e:
+        if override_device:
+            raise
+        notice = (f"the config asks for device {device!r}, which this machine lacks ({e}); "
+                  "running on the best device available instead (choose one with --device)")
+        log.warning(notice)
+        return resolve_runtime("auto", override_precision or "auto", probe=probe), notice
+
+
 T = TypeVar("T")
 
 

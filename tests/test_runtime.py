@@ -135,3 +135,16 @@ def test_cpu_fallback_does_not_hide_real_errors() -> None:
 
     with pytest.raises(NotImplementedError):  # already on the CPU: nothing to fall back to
         fallback.run("missing", missing_on_cpu, torch.ones(1))
+
+
+def test_config_device_missing_falls_back_but_command_line_device_must_exist() -> None:
+    from engine.runtime import runtime_for_config
+
+    rt, notice = runtime_for_config("cuda", True, probe=CPU_ONLY)  # the shipped official config on a laptop
+    assert str(rt.device) == "cpu" and "cuda" in notice and "--device" in notice
+    rt, notice = runtime_for_config("cuda", True, probe=H200)
+    assert str(rt.device) == "cuda:0" and rt.dtype_for("t2s") == torch.float16 and notice == ""
+    rt, notice = runtime_for_config("cuda", True, override_precision="fp32", probe=H200)
+    assert rt.dtype_for("t2s") == torch.float32 and notice == ""
+    with pytest.raises(DeviceUnavailableError):
+        runtime_for_config("cpu", False, override_device="cuda", probe=CPU_ONLY)

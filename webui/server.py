@@ -107,22 +107,14 @@ def create_webui_app(studio, config=None, ui_settings=None, server_settings=None
 
 def _studio(config, args: argparse.Namespace, weight_roots: tuple[str, ...]):
     """The Studio, and a notice when the config's device is not on this machine (then: auto)."""
-    from engine.errors import DeviceUnavailableError
     from engine.options import EngineSettings
     from engine.pipeline import Studio
 
     engine_settings = EngineSettings(weight_roots=weight_roots, max_text_chars=args.max_text_chars)
-    try:
-        return Studio.from_config(config, device=args.device, precision=args.precision,
-                                  settings=engine_settings), ""
-    except DeviceUnavailableError as e:
-        if args.device:  # asked for on the command line: that is an error
-            raise
-        notice = f"The config asks for device {config.active.device!r}, which this machine lacks ({e}); " \
-                 f"running on the best device available instead (choose one with --device)."
-        print(f"warning: {notice}", file=sys.stderr)
-        return Studio.from_config(config, device="auto", precision=args.precision or "auto",
-                                  settings=engine_settings), notice
+    studio = Studio.from_config(config, device=args.device, precision=args.precision, settings=engine_settings)
+    if studio.device_notice:
+        print(f"warning: {studio.device_notice}", file=sys.stderr)
+    return studio, studio.device_notice[:1].upper() + studio.device_notice[1:]
 
 
 def serve(args: argparse.Namespace) -> int:

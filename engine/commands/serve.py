@@ -79,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
     studio = Studio.from_config(config, device=args.device, precision=args.precision,
                                 settings=EngineSettings(weight_roots=settings.weight_roots,
                                                         max_text_chars=args.max_text_chars))
+    if studio.device_notice:
+        print(f"warning: {studio.device_notice}", file=sys.stderr)
     state = {"restart": False}
     server: uvicorn.Server | None = None
 
