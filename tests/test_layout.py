@@ -29,3 +29,10 @@ def test_importing_the_cli_is_cheap() -> None:
             "print(','.join(m for m in ('torch', 'transformers', 'gradio') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_public_names_resolve_lazily() -> None:
+    import engine
+
+    for name in engine.__all__:
+        assert getattr(engine, name) is not None, name
