@@ -56,6 +56,7 @@ class BenchConfig:
     reference_text: str = REF_TEXT
     reference_lang: str = "zh"
     text_lang: str = "zh"
+    t2s_decoder: str = "auto"  # EngineSettings.t2s_decoder (int8: the opt-in CPU path)
 
 
 def _sync(device: torch.device) -> None:
@@ -96,13 +97,11 @@ def synthetic_reference(path: Path, seconds: float = 5.0, rate: int = 32000) -> 
 
 
 def t2s_decoder_for(models) -> tuple[str, Any]:
-    """The decoder the engine uses on this device: the graph-captured one on CUDA, else the reference loop."""
-    from engine.t2s_decoding import T2SDecoder
-    from engine.t2s_fast import FastT2S
-
-    if models.device.type == "cuda":
-        return "FastT2S (CUDA graph)", FastT2S(models.t2s)
-    return "T2SDecoder", None
+    """The decoder the engine itself uses for these models: its FastT2S when it has one, else the loop."""
+    if models.t2s_fast is not None:
+        return "FastT2S (CUDA graph)" if models.device.type == "cuda" else "FastT2S", models.t2s_fast
+    quantized = getattr(models.t2s.layers[0].self_attn, "in_proj", None) is not None
+    return ("T2SDecoder, int8 linears" if quantized else "T2SDecoder"), None
 
 
 def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
@@ -118,7 +117,8 @@ def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None)
         t0 = time.perf_counter()
         config = cfg.config or str(make_test_weights(work.name, cfg.version, full_size=not cfg.tiny))
         setup_s = time.perf_counter() - t0
-        studio = Studio.from_config(config, device=cfg.device, precision=cfg.precision, settings=EngineSettings())
+        studio = Studio.from_config(config, device=cfg.device, precision=cfg.precision,
+                                    settings=EngineSettings(t2s_decoder=cfg.t2s_decoder))
         models = studio.pool.models(studio.default_weights, studio.runtime)
         dev = models.device
         log(f"models loaded on {studio.runtime.describe()}")
@@ -153,7 +153,9 @@ def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None)
         # ---- T2S at batch 1, fixed length -----------------------------------------------------------------
         g = torch.Generator().manual_seed(0)
         width = models.t2s.bert_proj.in_features
-        item = T2SInput(torch.randint(1, models.t2s.dims.phoneme_vocab_size, (60,), generator=g),
+        # phone ids valid for both models (the v1 GPT has 512 rows, the v1 SoVITS 322 symbols)
+        n_phones = min(models.t2s.dims.phoneme_vocab_size, getattr(getattr(models.sovits, "dims", None), "n_symbols", 322))
+        item = T2SInput(torch.randint(1, n_phones, (60,), generator=g),
                         torch.randn(width, 60, generator=g))
         prompt = torch.randint(0, 1024, (125,), generator=g)
         rules = StopRules(early_stop_num=cfg.tokens - 1, min_steps=10**9)

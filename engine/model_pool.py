@@ -170,6 +170,12 @@ def _load_t2s(path: Path, rt: Runtime, decoder: str = "reference") -> tuple[nn.M
     model, ckpt = load_t2s(path, rt.device, rt.dtype_for("t2s"))
     table = model.ar_audio_embedding.word_embeddings.weight.detach().float()  # (vocab, D)
     sim = torch.nn.functional.cosine_similarity(table[MUTE_TOKEN].unsqueeze(0), table, dim=-1)  # (vocab,)
+    if decoder == "int8":
+        from engine.quantize import quantize_t2s_int8
+
+        if rt.device.type != "cpu":
+            raise OptionsError(f"t2s_decoder 'int8' runs on the CPU, but this engine runs on {rt.device}")
+        model = quantize_t2s_int8(model)
     fast = None
     if decoder == "fast":
         from engine.t2s_fast import FastT2S

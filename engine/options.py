@@ -191,7 +191,7 @@ def resolve_plan(options: SynthesisOptions, version: str) -> SynthesisPlan:
 MIB = 1 << 20
 GIB = 1 << 30
 PRESSURE_ACTIONS = ("cpu", "wait", "refuse")
-T2S_DECODERS = ("auto", "fast", "reference")
+T2S_DECODERS = ("auto", "fast", "reference", "int8")
 
 
 @dataclass(frozen=True)
@@ -206,8 +206,10 @@ class EngineSettings:
     memory_wait_seconds: float = 30.0  # "wait": how long to wait for memory before refusing
     weight_roots: tuple[str, ...] = ()  # folders weight files may come from; empty: any path
     warmup: bool = False  # run a tiny synthesis when a model set is loaded
-    # "auto": FastT2S (CUDA graphs) on CUDA, else the reference loop; "fast"; "reference". Streaming
-    # requests always use the reference loop (FastT2S serves one request at a time).
+    # "auto": FastT2S (CUDA graphs) on CUDA, else the reference loop; "fast"; "reference"; "int8": the
+    # reference loop over int8 dynamically quantised linears (CPU only; reduced precision, see
+    # docs/benchmarks.md for its token agreement). Streaming requests always use the reference loop
+    # (FastT2S serves one request at a time).
     t2s_decoder: str = "auto"
     max_text_chars: int = 10_000  # longer request texts are refused
 

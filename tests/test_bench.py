@@ -24,3 +24,11 @@ def test_tiny_bench_reports_every_field(capsys: pytest.CaptureFixture) -> None:
     assert set(stages["t2s_batch_throughput"]) == {"2"}
     assert report["memory"]["peak_rss_mb"] > 0
     assert report["workload"]["tokens"] == 12
+
+
+def test_int8_decoder_choice(capsys: pytest.CaptureFixture) -> None:
+    assert main(["bench", "--tiny", "--random-weights", "v1", "--json", "--tokens", "8", "--batches", "1",
+                 "--t2s-decoder", "int8"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["stages"]["t2s_batch1"]["decoder"] == "T2SDecoder, int8 linears"
+    assert report["stages"]["end_to_end"]["short"]["audio_s"] > 0

@@ -23,6 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ref", help="reference clip (default: a generated 5 s clip)")
     parser.add_argument("--ref-text", default=None)
     parser.add_argument("--ref-lang", default="zh")
+    parser.add_argument("--t2s-decoder", default="auto", choices=("auto", "fast", "reference", "int8"),
+                        help="T2S decoder (int8: opt-in CPU quantisation)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
@@ -34,7 +36,8 @@ def run(args: argparse.Namespace) -> int:
     batches = tuple(int(b) for b in (args.batches or ("2" if args.tiny else "8,32,64")).split(",") if b)
     cfg = BenchConfig(version=args.random_weights, config=args.config, tiny=args.tiny, device=args.device,
                       precision=args.precision, tokens=tokens, repeats=repeats, batches=batches,
-                      reference=args.ref, reference_text=args.ref_text or REF_TEXT, reference_lang=args.ref_lang)
+                      reference=args.ref, reference_text=args.ref_text or REF_TEXT, reference_lang=args.ref_lang,
+                      t2s_decoder=args.t2s_decoder)
     report = run_benchmark(cfg, log=lambda s: print(s, file=sys.stderr, flush=True))
     print(json.dumps(report, indent=1, ensure_ascii=False) if args.json else format_report(report))
     return 0

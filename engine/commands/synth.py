@@ -42,6 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sovits", default=None, help="SoVITS weights (.pth); default: from the config")
     parser.add_argument("--device", default=None, help="auto, cpu, cuda, cuda:N or mps (default: the config's)")
     parser.add_argument("--precision", default=None, help="auto, fp32, fp16 or bf16 (default: the config's is_half)")
+    parser.add_argument("--t2s-decoder", default="auto", choices=("auto", "fast", "reference", "int8"),
+                        help="T2S decoder: auto (CUDA graphs on CUDA), fast, reference, or int8 (CPU, reduced precision)")
     parser.add_argument("--stream", action="store_true",
                         help="token-chunk streaming (streaming_mode): write chunks to the file as they come")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -121,7 +123,10 @@ def run(args: argparse.Namespace) -> int:
         except OSError as e:
             raise TextError(f"--text {text}: cannot read the file ({e.strerror})") from e
     options = _options(args)
-    studio = Studio.from_config(_config_path(args.config), device=args.device, precision=args.precision)
+    from engine.options import EngineSettings
+
+    studio = Studio.from_config(_config_path(args.config), device=args.device, precision=args.precision,
+                                settings=EngineSettings(t2s_decoder=args.t2s_decoder))
     reference = Reference(args.ref, args.ref_text, args.ref_lang, tuple(args.aux_ref))
     cloner = studio.cloner(gpt=args.gpt, sovits=args.sovits)
     progress = _Progress(not args.no_progress)
