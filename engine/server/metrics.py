@@ -61,13 +61,12 @@ class _Metric:
 
 
 @dataclass
-class Counter(_Metric):
-    values: dict[LabelValues, float] = field(default_factory=dict)
-    kind = "counter"
+class _Scalar(_Metric):
+    """One number per label set (counters and gauges render alike)."""
 
-    def inc(self, labels: Mapping[str, str] | None = None, amount: float = 1.0) -> None:
-        if amount < 0:
-            raise ValueError(f"{self.name}: a counter only goes up")
+    values: dict[LabelValues, float] = field(default_factory=dict)
+
+    def _add(self, labels: Mapping[str, str] | None, amount: float) -> None:
         key = self._key(labels)
         with self.lock:
             self.values[key] = self.values.get(key, 0.0) + amount
@@ -79,8 +78,17 @@ class Counter(_Metric):
 
 
 @dataclass
-class Gauge(_Metric):
-    values: dict[LabelValues, float] = field(default_factory=dict)
+class Counter(_Scalar):
+    kind = "counter"
+
+    def inc(self, labels: Mapping[str, str] | None = None, amount: float = 1.0) -> None:
+        if amount < 0:
+            raise ValueError(f"{self.name}: a counter only goes up")
+        self._add(labels, amount)
+
+
+@dataclass
+class Gauge(_Scalar):
     kind = "gauge"
 
     def set(self, value: float, labels: Mapping[str, str] | None = None) -> None:
@@ -89,14 +97,7 @@ class Gauge(_Metric):
             self.values[key] = float(value)
 
     def add(self, amount: float, labels: Mapping[str, str] | None = None) -> None:
-        key = self._key(labels)
-        with self.lock:
-            self.values[key] = self.values.get(key, 0.0) + amount
-
-    def render(self) -> list[str]:
-        with self.lock:
-            items = sorted(self.values.items())
-        return self.header() + [f"{self.name}{_labels(self.label_names, k)} {_number(v)}" for k, v in items]
+        self._add(labels, amount)
 
 
 @dataclass
