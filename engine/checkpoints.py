@@ -14,6 +14,7 @@ import pickle
 import threading
 import zipfile
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -220,3 +221,26 @@ def detect_sovits_version(path: str | os.PathLike, weights: Mapping[str, torch.T
     elif not has_cfm and model in ("v3", "v4") and not is_lora:
         model = symbol  # a non-v3 file that happened to be large
     return symbol, model, is_lora
+
+
+@dataclass(frozen=True)
+class StateDictDiff:
+    """How a file's tensors differ from a module's state dict (in the module's order; unexpected in the file's)."""
+
+    missing: list[str]  # the module needs them, the file lacks them
+    unexpected: list[str]  # the file has them, the module does not use them
+    wrong_shape: list[str]  # in both, with different shapes
+
+    def shape_note(self, own: Mapping[str, torch.Tensor], given: Mapping[str, torch.Tensor]) -> str:
+        """'<key>: file (..) vs model (..)' for the first shape mismatch."""
+        k = self.wrong_shape[0]
+        return f"{k}: file {tuple(given[k].shape)} vs model {tuple(own[k].shape)}"
+
+
+def state_dict_diff(own: Mapping[str, torch.Tensor], given: Mapping[str, torch.Tensor]) -> StateDictDiff:
+    """Compare a module's ``state_dict()`` with the tensors read from a file."""
+    return StateDictDiff(
+        missing=[k for k in own if k not in given],
+        unexpected=[k for k in given if k not in own],
+        wrong_shape=[k for k in own if k in given and tuple(own[k].shape) != tuple(given[k].shape)],
+    )

@@ -16,7 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.checkpoints import as_plain_dict, detect_sovits_version, load_torch_file, sovits_version_from_file, state_dict_of
+from engine.checkpoints import (as_plain_dict, detect_sovits_version, load_torch_file, sovits_version_from_file,
+                                state_dict_diff, state_dict_of)
 from engine.errors import CheckpointError
 from engine.models.sovits import PRO_VERSIONS, SV_DIM, SoVITSDims, SynthesizerTrn
 from engine.models.sovits_modules import fold_weight_norm
@@ -117,19 +118,15 @@ def load_sovits(path: str | os.PathLike, device: torch.device | str = "cpu",
         module = SynthesizerTrn(dims)
     sd = fold_weight_norm(weights)
     own = module.state_dict()
-    missing = sorted(k for k in own if k not in sd)
-    if missing:
+    diff = state_dict_diff(own, sd)
+    if diff.missing:
         raise CheckpointError(
-            f"SoVITS weights {path} lack {len(missing)} tensors the {model_version} model needs "
-            f"(e.g. {', '.join(missing[:3])}); the file is truncated or of another kind"
+            f"SoVITS weights {path} lack {len(diff.missing)} tensors the {model_version} model needs "
+            f"(e.g. {', '.join(diff.missing[:3])}); the file is truncated or of another kind"
         )
-    wrong = [k for k in own if tuple(sd[k].shape) != tuple(own[k].shape)]
-    if wrong:
-        k = wrong[0]
-        raise CheckpointError(
-            f"SoVITS weights {path}: tensor {k} has shape {tuple(sd[k].shape)}, but the config implies "
-            f"{tuple(own[k].shape)} ({len(wrong)} mismatches)"
-        )
+    if diff.wrong_shape:
+        raise CheckpointError(f"SoVITS weights {path}: tensor {diff.shape_note(own, sd)}; the config implies the "
+                              f"model's shape ({len(diff.wrong_shape)} mismatches)")
     unexpected = tuple(sorted(k for k in sd if k not in own and not k.startswith(TRAINING_ONLY)))
     module.load_state_dict({k: sd[k].to(torch.float32).contiguous() for k in own}, strict=True, assign=True)
     module = module.to(device=device, dtype=dtype).eval().requires_grad_(False)

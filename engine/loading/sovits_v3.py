@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from engine.checkpoints import as_plain_dict, load_torch_file, sovits_version_from_file, state_dict_of
+from engine.checkpoints import as_plain_dict, load_torch_file, sovits_version_from_file, state_dict_diff, state_dict_of
 from engine.errors import CheckpointError
 from engine.models.dit import dit_dims_from_state_dict
 from engine.models.sovits_modules import fold_weight_norm
@@ -136,13 +136,11 @@ def load_sovits_v3(path: str | os.PathLike, version: str | None = None,
     dims = dims_from_checkpoint(sd, hps, version)
     model = SynthesizerTrnV3(dims)
     own = model.state_dict()
-    missing = sorted(set(own) - set(sd))
-    wrong = sorted(k for k in own.keys() & sd.keys() if tuple(own[k].shape) != tuple(sd[k].shape))
-    if missing or wrong:
-        what = f"missing {len(missing)} tensors (e.g. {missing[0]})" if missing else ""
-        if wrong:
-            k = wrong[0]
-            what += ("; " if what else "") + f"shape mismatch at {k}: {tuple(sd[k].shape)} vs {tuple(own[k].shape)}"
+    diff = state_dict_diff(own, sd)
+    if diff.missing or diff.wrong_shape:
+        what = f"missing {len(diff.missing)} tensors (e.g. {diff.missing[0]})" if diff.missing else ""
+        if diff.wrong_shape:
+            what += ("; " if what else "") + f"shape mismatch at {diff.shape_note(own, sd)}"
         raise CheckpointError(f"SoVITS {version} weights {path} do not fit the model: {what}")
     model.load_state_dict({k: sd[k] for k in own}, strict=True)  # extra keys are ignored, as strict=False does
     return model.float().eval()

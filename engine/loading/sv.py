@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from engine.checkpoints import load_torch_file, state_dict_of
+from engine.checkpoints import load_torch_file, state_dict_diff, state_dict_of
 from engine.errors import CheckpointError
 from engine.models.sv import ERes2NetV2, ERes2NetV2Dims
 
@@ -40,16 +40,14 @@ def load_sv_model(path: str | os.PathLike, device: torch.device | str = "cpu",
     with torch.device("meta"):  # no random init: every tensor comes from the file
         model = ERes2NetV2(dims)
     own = model.state_dict()
-    missing = [k for k in own if k not in sd]
-    unexpected = [k for k in sd if k not in own]
-    if missing or unexpected:
+    diff = state_dict_diff(own, sd)
+    if diff.missing or diff.unexpected:
         raise CheckpointError(
             f"{path} is not the ERes2NetV2 speaker-verification checkpoint (eres2netv2w24s4ep4): "
-            f"{len(missing)} tensors missing (e.g. {missing[:2]}), {len(unexpected)} unexpected (e.g. {unexpected[:2]})"
+            f"{len(diff.missing)} tensors missing (e.g. {diff.missing[:2]}), "
+            f"{len(diff.unexpected)} unexpected (e.g. {diff.unexpected[:2]})"
         )
-    wrong = [k for k in own if tuple(own[k].shape) != tuple(sd[k].shape)]
-    if wrong:
-        k = wrong[0]
-        raise CheckpointError(f"{path}: tensor {k} has shape {tuple(sd[k].shape)}, expected {tuple(own[k].shape)}")
+    if diff.wrong_shape:
+        raise CheckpointError(f"{path}: tensor shape differs, {diff.shape_note(own, sd)}")
     model.load_state_dict({k: v.to(own[k].dtype).contiguous() for k, v in sd.items()}, strict=True, assign=True)
     return model.to(device=device, dtype=dtype).eval().requires_grad_(False)

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from engine.checkpoints import as_plain_dict, load_torch_file, state_dict_of
+from engine.checkpoints import as_plain_dict, load_torch_file, state_dict_diff, state_dict_of
 from engine.errors import CheckpointError
 from engine.models.t2s import T2SDims, Text2SemanticModel
 
@@ -67,20 +67,16 @@ def build_t2s(ckpt: T2SCheckpoint, device: torch.device | str = "cpu",
               dtype: torch.dtype = torch.float32) -> Text2SemanticModel:
     """Strict load of the checkpoint into a fresh module, then ``.to(device, dtype).eval()``."""
     model = Text2SemanticModel(ckpt.dims)
-    expected = set(model.state_dict())
-    missing = sorted(expected - set(ckpt.weights))
-    unexpected = sorted(set(ckpt.weights) - expected)
-    if missing or unexpected:
+    own = model.state_dict()
+    diff = state_dict_diff(own, ckpt.weights)
+    if diff.missing or diff.unexpected:
         raise CheckpointError(
             f"{ckpt.path}: GPT weights do not match the architecture in its config "
-            f"(missing {missing[:3]}, unexpected {unexpected[:3]})"
+            f"(missing {diff.missing[:3]}, unexpected {diff.unexpected[:3]})"
         )
-    for name, tensor in model.state_dict().items():
-        if tensor.shape != ckpt.weights[name].shape:
-            raise CheckpointError(
-                f"{ckpt.path}: tensor model.{name} has shape {tuple(ckpt.weights[name].shape)}, "
-                f"the config implies {tuple(tensor.shape)}"
-            )
+    if diff.wrong_shape:
+        raise CheckpointError(f"{ckpt.path}: a tensor's shape differs from what the config implies "
+                              f"(model.{diff.shape_note(own, ckpt.weights)})")
     model.load_state_dict({k: v.float() for k, v in ckpt.weights.items()}, strict=True)
     return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
 

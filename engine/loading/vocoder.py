@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from engine.checkpoints import load_torch_file, state_dict_of
+from engine.checkpoints import load_torch_file, state_dict_diff, state_dict_of
 from engine.errors import CheckpointError
 
 BIGVGAN_CONFIG = "config.json"
@@ -62,18 +62,15 @@ def fold_weight_norm_pairs(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tenso
 
 def _load_strict(module: torch.nn.Module, sd: dict[str, torch.Tensor], path: os.PathLike | str, what: str) -> None:
     own = module.state_dict()
-    missing = sorted(set(own) - set(sd))
-    unexpected = sorted(set(sd) - set(own))
-    wrong = sorted(k for k in own.keys() & sd.keys() if tuple(own[k].shape) != tuple(sd[k].shape))
-    if missing or unexpected or wrong:
+    diff = state_dict_diff(own, sd)
+    if diff.missing or diff.unexpected or diff.wrong_shape:
         parts = []
-        if missing:
-            parts.append(f"missing {len(missing)} keys (e.g. {missing[0]})")
-        if unexpected:
-            parts.append(f"{len(unexpected)} unexpected keys (e.g. {unexpected[0]})")
-        if wrong:
-            k = wrong[0]
-            parts.append(f"shape mismatch at {k}: file {tuple(sd[k].shape)} vs model {tuple(own[k].shape)}")
+        if diff.missing:
+            parts.append(f"missing {len(diff.missing)} keys (e.g. {diff.missing[0]})")
+        if diff.unexpected:
+            parts.append(f"{len(diff.unexpected)} unexpected keys (e.g. {diff.unexpected[0]})")
+        if diff.wrong_shape:
+            parts.append(f"shape mismatch at {diff.shape_note(own, sd)}")
         raise CheckpointError(f"{what} {path} does not match its architecture: " + "; ".join(parts))
     module.load_state_dict({k: v.to(own[k].dtype) for k, v in sd.items()}, strict=True)
 
