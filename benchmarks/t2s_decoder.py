@@ -22,8 +22,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.models.t2s import T2SDims  # noqa: E402
-from engine.t2s_decoding import SamplingParams, StopRules, T2SDecoder, T2SInput  # noqa: E402
-from engine.t2s_fast import FastT2S  # noqa: E402
+from engine.t2s.decoding import SamplingParams, StopRules, T2SDecoder, T2SInput  # noqa: E402
+from engine.t2s.fast import FastT2S  # noqa: E402
 from engine.testweights.t2s import random_t2s_model  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}

@@ -108,7 +108,7 @@ def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None)
     from engine.options import EngineSettings, SynthesisOptions
     from engine.pipeline import Reference, Studio
     from engine.reference import read_reference, reference_features
-    from engine.t2s_decoding import SamplingParams, StopRules, T2SDecoder, T2SInput
+    from engine.t2s.decoding import SamplingParams, StopRules, T2SDecoder, T2SInput
     from engine.testweights import make_test_weights
     from engine.text.frontend import TextFrontend
 

@@ -18,8 +18,8 @@ import yaml
 
 from engine.data import load_json
 from engine.errors import ConfigError
+from engine.versions import VERSIONS
 
-VERSIONS = ("v1", "v2", "v3", "v4", "v2Pro", "v2ProPlus")
 SECTIONS = ("custom", *VERSIONS)
 PATH_KEYS = ("t2s_weights_path", "vits_weights_path", "bert_base_path", "cnhuhbert_base_path")
 VOCODER_BACKENDS = ("torch", "coreml")

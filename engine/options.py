@@ -18,9 +18,9 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from engine.errors import OptionsError
+from engine.versions import VOCODER_VERSIONS
 
 SPLIT_METHODS = ("cut0", "cut1", "cut2", "cut3", "cut4", "cut5")
-VOCODER_VERSIONS = ("v3", "v4")  # versions whose audio comes from CFM + vocoder (no token streaming)
 MAX_SEED = 2**32 - 1  # the official random seed range [0, 2^32 - 1]
 
 

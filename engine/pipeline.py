@@ -38,8 +38,8 @@ from engine.errors import (
     TextError,
     UnsupportedLanguageError,
 )
+from engine.loading.model_pool import ModelPool, Models, WeightSet
 from engine.memory import MemoryGuard, MemoryReader, system_memory_reader
-from engine.model_pool import ModelPool, Models, WeightSet
 from engine.options import (
     MAX_SEED,
     EngineSettings,
@@ -50,7 +50,7 @@ from engine.options import (
 from engine.reference import ReferenceRules, read_reference, reference_features
 from engine.reference_cache import ReferenceCache, ReferenceKey, sha256_bytes
 from engine.runtime import Runtime, resolve_runtime
-from engine.t2s_decoding import (
+from engine.t2s.decoding import (
     SamplingParams,
     StopRules,
     T2SDecoder,
@@ -102,7 +102,7 @@ class PreparedReference:
     prompt_phones: tuple[int, ...]  # phone ids of the transcript (empty when reference-free)
     prompt_bert: torch.Tensor | None  # (bert width, P) float32
     prompt_norm_text: str
-    voice_prompt: object | None = None  # engine.vocoder_synthesis.VoicePrompt (v3/v4)
+    voice_prompt: object | None = None  # engine.acoustic.cfm.VoicePrompt (v3/v4)
 
 
 @dataclass(frozen=True)
@@ -252,7 +252,8 @@ class VoiceCloner:
     """
 
     def __init__(self, models: Models, cache: ReferenceCache | None = None,
-                 reference_rules: ReferenceRules = ReferenceRules(), max_text_chars: int = 10_000) -> None:
+                 reference_rules: ReferenceRules = ReferenceRules(),
+                 max_text_chars: int = EngineSettings.max_text_chars) -> None:
         from engine.text.frontend import TextFrontend
 
         self.models = models
@@ -324,7 +325,7 @@ class VoiceCloner:
         voice_prompt = None
         sem = feats.prompt_semantic.to(dev) if feats.prompt_semantic is not None else None
         if m.uses_vocoder:
-            from engine.vocoder_synthesis import prepare_prompt
+            from engine.acoustic.cfm import prepare_prompt
 
             audio = torch.from_numpy(clip.audio).unsqueeze(0)  # (1, n) at the clip's rate
             voice_prompt = prepare_prompt(m.sovits, sem, torch.tensor(phones, device=dev), feats.spec.to(dev),
@@ -514,11 +515,11 @@ class VoiceCloner:
         phones = [torch.tensor(s.phones, dtype=torch.long, device=dev) for s in items]
         tokens = [o.tokens.to(dev) for o in outs]  # a decoder may hand tokens back on the host
         if m.uses_vocoder:
-            from engine.models.cfm import gaussian_noise
-            from engine.vocoder_synthesis import (
+            from engine.acoustic.cfm import (
                 synthesize_batched,
                 synthesize_sequential,
             )
+            from engine.models.cfm import gaussian_noise
 
             voc_dtype = (next(m.vocoder.parameters()).dtype if isinstance(m.vocoder, torch.nn.Module)
                          else torch.float32)  # a Core ML wrapper takes float32
@@ -556,7 +557,7 @@ class VoiceCloner:
         newest frames cross-faded with the previous latent, SOLA-join the audio.
 
         Yields ``(audio, tokens, kind, ends_sentence)`` as soon as each chunk is decoded."""
-        from engine.sovits_streaming import chunk_tokens, decode_streaming
+        from engine.acoustic.streaming import chunk_tokens, decode_streaming
 
         m = self.models
         dev = m.device

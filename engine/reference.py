@@ -16,6 +16,7 @@ from typing import BinaryIO
 import numpy as np
 import torch
 
+from engine.acoustic.hubert import SSL_SAMPLE_RATE, prompt_ssl_features
 from engine.audio import (
     SPEC_HOP,
     SPEC_N_FFT,
@@ -31,7 +32,6 @@ from engine.audio import (
     to_mono,
 )
 from engine.errors import EngineError, OptionsError, ReferenceAudioError
-from engine.ssl import SSL_SAMPLE_RATE, prompt_ssl_features
 
 SV_SAMPLE_RATE = 16000
 FIT_MODES = ("error", "trim_pad")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextvars
 import inspect
 import json
-import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,12 +68,13 @@ def build_ui(studio, config=None, catalog: ModelCatalog | None = None, settings:
              pool=None) -> gr.Blocks:
     """The web page for ``studio``; ``config`` (an InferConfig) enables the missing-weights panel.
 
-    ``pool`` (an ``engine.server.runner.SynthesisRunner``) runs the syntheses; pass the HTTP API's so
+    ``pool`` (an ``studio.http.runner.SynthesisRunner``) runs the syntheses; pass the HTTP API's so
     that page and API share one bounded set of workers. Default: a pool of one worker for this page.
     """
-    from engine.server.runner import SynthesisRunner
+    from studio.http.context import ServerSettings
+    from studio.http.runner import SynthesisRunner
 
-    pool = pool or SynthesisRunner(workers=1, max_queue=32)
+    pool = pool or SynthesisRunner(ServerSettings.workers, ServerSettings.max_queue)
     weights = studio.default_weights
     catalog = catalog or ModelCatalog(weights.base_dir)
     missing = handlers.missing_weights(config, weights) if config is not None else {}
@@ -177,14 +177,3 @@ def _named(names: list[str]) -> inspect.Signature:
     params = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in names]
     return inspect.Signature([*params, inspect.Parameter("progress", inspect.Parameter.POSITIONAL_OR_KEYWORD,
                                                          default=gr.Progress())])
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m webui.app [options]``: the same as ``sovits-studio webui``."""
-    from engine.cli import main as cli_main
-
-    return cli_main(["webui", *(sys.argv[1:] if argv is None else argv)])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -17,6 +17,7 @@ import numpy as np
 
 from engine.errors import EngineError, ReferenceAudioError
 from engine.options import MAX_SEED
+from engine.versions import VOCODER_VERSIONS
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,7 @@ def missing_weights(config, weights) -> dict[str, Path]:
     """The files the configured model set needs that are not there (by what they are)."""
     missing = {k: p for k, p in config.missing_files().items()}
     version = config.active.version
-    if version in ("v3", "v4"):
+    if version in VOCODER_VERSIONS:
         missing.update({"vocoder_path": p} if not (p := weights.extra("vocoder", version)).exists() else {})
     if version in ("v2Pro", "v2ProPlus"):
         missing.update({"sv_weights_path": p} if not (p := weights.extra("sv", version)).exists() else {})
@@ -121,7 +122,7 @@ def missing_report(missing: dict[str, Path], version: str) -> str:
 
 def download_weights(root: str | os.PathLike, version: str, fetch: Callable[..., Any] | None = None) -> str:
     """Fetch the official files of ``version`` under ``root``; the outcome as text (offline: what to get)."""
-    from engine.download import assets_for, download
+    from engine.loading.download import assets_for, download
 
     lines: list[str] = []
     try:

@@ -1,5 +1,5 @@
 """The weight files the model dropdowns offer: every GPT and SoVITS file in the official folders, each
-labelled with the kind and version that :func:`engine.inspection.describe` detects.
+labelled with the kind and version that :func:`engine.loading.inspection.describe` detects.
 
 ``ModelCatalog`` owns a small cache of descriptions keyed by (path, size, mtime), so a refresh only
 reads files that are new or changed. Files that are not GPT/SoVITS weights are left out of the lists.
@@ -87,7 +87,7 @@ class ModelCatalog:
         return sorted(seen)
 
     def _describe(self, path: Path) -> ModelFile | None:
-        from engine.inspection import describe
+        from engine.loading.inspection import describe
 
         st = path.stat()
         key = (str(path), st.st_size, st.st_mtime_ns)

@@ -1,21 +1,17 @@
-"""``sovits-studio webui``: the page and the HTTP API of :mod:`engine.server` in one process, on one port.
+"""The page and the HTTP API of :mod:`studio.http` as one app, on one port.
 
 ``create_webui_app`` mounts the Gradio page at ``/`` of the API's FastAPI app (the API routes keep
-their official paths: ``/tts``, ``/v1/audio/speech``, ``/metrics``...). ``serve`` loads the config,
-builds the studio (models load on first use), runs uvicorn and, with ``--share``, opens Gradio's
-public tunnel to it. With ``--auth`` the page asks for a login and the API routes for HTTP Basic. Page and
-API run their syntheses on one bounded pool of workers (the API's ``SynthesisRunner``).
+their official paths: ``/tts``, ``/v1/audio/speech``, ``/metrics``...). With ``--auth`` credentials the page
+asks for a login and the API routes for HTTP Basic. Page and API run their syntheses on one bounded pool of
+workers (the API's ``SynthesisRunner``). The command that serves it is ``sovits-studio webui``
+(:mod:`studio.cli.webui`).
 """
 
 from __future__ import annotations
 
-import argparse
 import base64
 import binascii
 import hmac
-import os
-import sys
-import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -81,13 +77,15 @@ class ApiBasicAuth:
 
 
 def create_webui_app(studio, config=None, ui_settings=None, server_settings=None, auth: Credentials | None = None,
-                     concurrency: int = 1, max_queue: int = 32, catalog=None) -> FastAPI:
+                     concurrency: int | None = None, max_queue: int | None = None,
+                     catalog=None) -> FastAPI:
     """The API app of ``studio`` with the page mounted at ``/``."""
     from dataclasses import replace
 
     import gradio as gr
 
-    from engine.server.app import ServerSettings, create_app
+    from studio.http.app import create_app
+    from studio.http.context import ServerSettings
     from webui.app import ASSETS, UISettings, build_ui
 
     server_settings = server_settings or ServerSettings()
@@ -95,89 +93,9 @@ def create_webui_app(studio, config=None, ui_settings=None, server_settings=None
     app = create_app(studio, replace(server_settings, max_upload_bytes=upload + MULTIPART_SLACK))
     demo = build_ui(studio, config=config, catalog=catalog, settings=ui_settings or UISettings(),
                     pool=app.state.context.runner)  # page and API share the synthesis workers
-    demo.queue(default_concurrency_limit=concurrency, max_size=max_queue)
+    demo.queue(default_concurrency_limit=concurrency or server_settings.workers,
+               max_size=server_settings.max_queue if max_queue is None else max_queue)
     if auth:
         app.add_middleware(ApiBasicAuth, api=app, credentials=auth)
     return gr.mount_gradio_app(app, demo, path="/", auth=auth or None, max_file_size=upload,
                                allowed_paths=[str(ASSETS)], show_error=True)
-
-
-# ---- the command -------------------------------------------------------------------------------
-
-
-def _studio(config, args: argparse.Namespace, weight_roots: tuple[str, ...]):
-    """The Studio, and a notice when the config's device is not on this machine (then: auto)."""
-    from engine.options import EngineSettings
-    from engine.pipeline import Studio
-
-    engine_settings = EngineSettings(weight_roots=weight_roots, max_text_chars=args.max_text_chars)
-    studio = Studio.from_config(config, device=args.device, precision=args.precision, settings=engine_settings)
-    if studio.device_notice:
-        print(f"warning: {studio.device_notice}", file=sys.stderr)
-    return studio, studio.device_notice[:1].upper() + studio.device_notice[1:]
-
-
-def serve(args: argparse.Namespace) -> int:
-    import logging
-
-    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-    from engine.config import load_config
-    from engine.server.app import ServerSettings
-    from webui.app import UISettings
-    from webui.models_list import ModelCatalog
-
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    auth = parse_auth(args.auth) if args.auth else None
-    config = load_config(args.config)
-    catalog = ModelCatalog(config.base_dir, extra_dirs=tuple(
-        config.path(k).parent for k in ("t2s_weights_path", "vits_weights_path")))
-    roots = tuple(str(d) for d in catalog.folders)
-    studio, notice = _studio(config, args, roots)
-    server_settings = ServerSettings(weight_roots=roots, profiles_dir=args.profiles_dir,
-                                     max_upload_bytes=int(args.max_upload_mb * MIB), workers=args.workers,
-                                     max_tokens_per_sentence=args.max_tokens_per_sentence)
-    ui = UISettings(max_tokens_per_sentence=args.max_tokens_per_sentence, notice=notice)
-    print("listing weight files...", file=sys.stderr)
-    app = create_webui_app(studio, config, ui, server_settings, auth, concurrency=args.workers,
-                           max_queue=args.max_queue, catalog=catalog)
-    return _run(app, args.host, args.port, share=args.share, protected=bool(auth))
-
-
-def _run(app, host: str, port: int, share: bool, protected: bool) -> int:
-    import uvicorn
-
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                           timeout_graceful_shutdown=5))  # open page streams do not block Ctrl+C
-    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
-    thread.start()
-    while not server.started:
-        if not thread.is_alive():
-            print(f"error: the server could not start on {host}:{port} (port in use?)", file=sys.stderr)
-            return 1
-        thread.join(0.1)
-    shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
-    print(f"SoVITS Studio is running: http://{shown}:{port}/  (HTTP API on the same port: /tts, "
-          f"/v1/audio/speech, /docs)", flush=True)
-    if share:
-        print(_share_link("127.0.0.1", port, protected), flush=True)
-    try:
-        while thread.is_alive():
-            thread.join(0.5)
-    except KeyboardInterrupt:
-        server.should_exit = True
-        thread.join(10)
-    return 0
-
-
-def _share_link(host: str, port: int, protected: bool) -> str:
-    """Open Gradio's share tunnel to the local server; the public URL, or why there is none."""
-    import secrets
-
-    from gradio.networking import setup_tunnel
-
-    try:
-        url = setup_tunnel(host, port, secrets.token_urlsafe(32), None, None)
-    except Exception as e:  # noqa: BLE001 - any failure here only means "no public link"
-        return f"warning: no share link ({type(e).__name__}: {e}); the page is still served locally"
-    warning = "" if protected else "  (anyone with the link can use it: add --auth USER:PASS)"
-    return f"Public link (72 h): {url}{warning}"

@@ -19,7 +19,7 @@ import soundfile as sf
 
 def wav_to_adts(data: bytes) -> tuple[bytes, float]:
     """WAV bytes -> (AAC ADTS bytes, duration in seconds)."""
-    from engine.server.audio_formats import encode_aac, to_pcm16
+    from engine.audio_formats import encode_aac, to_pcm16
 
     samples, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)  # (n, channels)
     mono = samples.mean(axis=1) if samples.shape[1] > 1 else samples[:, 0]

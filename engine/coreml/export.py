@@ -200,8 +200,8 @@ def export_vocoder(
 ) -> ExportReport:
     """Trace, convert and save ``spec`` as ``out`` (an ``.mlpackage`` folder, replaced if present)."""
     try:
-        import numpy as np
         import coremltools as ct
+        import numpy as np
     except ImportError as e:
         raise OptionsError("Core ML export needs coremltools: pip install 'coremltools>=8,<10'") from e
     if quantize not in ("none", "int8"):

@@ -16,11 +16,18 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.checkpoints import (as_plain_dict, detect_sovits_version, load_torch_file, sovits_version_from_file,
-                                state_dict_diff, state_dict_of)
 from engine.errors import CheckpointError
-from engine.models.sovits import PRO_VERSIONS, SV_DIM, SoVITSDims, SynthesizerTrn
+from engine.loading.checkpoints import (
+    as_plain_dict,
+    detect_sovits_version,
+    load_torch_file,
+    sovits_version_from_file,
+    state_dict_diff,
+    state_dict_of,
+)
+from engine.models.sovits import SV_DIM, SoVITSDims, SynthesizerTrn
 from engine.models.sovits_modules import fold_weight_norm
+from engine.versions import PRO_VERSIONS, VOCODER_VERSIONS
 
 TRAINING_ONLY = ("enc_q.",)
 ESSENTIAL_PREFIXES = ("enc_p.", "dec.", "flow.", "ref_enc.", "ssl_proj.", "quantizer.")
@@ -75,7 +82,7 @@ def load_sovits(path: str | os.PathLike, device: torch.device | str = "cpu",
     """
     path = Path(path)
     _, file_model, file_lora = sovits_version_from_file(path)
-    if file_model in ("v3", "v4"):  # header / pretrained md5 / size: do not read 750 MB twice
+    if file_model in VOCODER_VERSIONS:  # header / pretrained md5 / size: do not read 750 MB twice
         return _delegate_v3(path, file_model, file_lora, None, "", base_path, device, dtype)
 
     obj = load_torch_file(path, "SoVITS weights")
@@ -90,8 +97,8 @@ def load_sovits(path: str | os.PathLike, device: torch.device | str = "cpu",
     hps = as_plain_dict(obj["config"])
     info = str(obj.get("info", ""))
     symbol_version, model_version, is_lora = detect_sovits_version(path, weights, hps)
-    if model_version in ("v3", "v4") or any(k.startswith("cfm.") for k in weights):
-        return _delegate_v3(path, model_version if model_version in ("v3", "v4") else None, is_lora, hps, info,
+    if model_version in VOCODER_VERSIONS or any(k.startswith("cfm.") for k in weights):
+        return _delegate_v3(path, model_version if model_version in VOCODER_VERSIONS else None, is_lora, hps, info,
                             base_path, device, dtype)
 
     notes: list[str] = []

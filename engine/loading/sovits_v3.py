@@ -20,11 +20,18 @@ from pathlib import Path
 
 import torch
 
-from engine.checkpoints import as_plain_dict, load_torch_file, sovits_version_from_file, state_dict_diff, state_dict_of
 from engine.errors import CheckpointError
+from engine.loading.checkpoints import (
+    as_plain_dict,
+    load_torch_file,
+    sovits_version_from_file,
+    state_dict_diff,
+    state_dict_of,
+)
 from engine.models.dit import dit_dims_from_state_dict
 from engine.models.sovits_modules import fold_weight_norm
 from engine.models.sovits_v3 import SoVITSV3Dims, SynthesizerTrnV3
+from engine.versions import VOCODER_VERSIONS
 
 PEFT_PREFIX = "cfm.base_model.model."
 LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0")
@@ -82,15 +89,15 @@ def merge_lora(base: dict[str, torch.Tensor], lora: dict[str, torch.Tensor], ran
 def _resolve_version(path: Path, version: str | None, hps_version: str | None) -> tuple[str, bool]:
     _, file_version, is_lora = sovits_version_from_file(path)
     if version is None:
-        if file_version in ("v3", "v4"):
+        if file_version in VOCODER_VERSIONS:
             return file_version, is_lora
-        if hps_version in ("v3", "v4"):  # the WebUI writes hps.model.version; the official loader ignores it
+        if hps_version in VOCODER_VERSIONS:  # the WebUI writes hps.model.version; the official loader ignores it
             return hps_version, is_lora
         raise CheckpointError(
             f"cannot tell from {path} whether it is a v3 or v4 SoVITS file (small files carry no "
             "version mark); pass version='v3' or 'v4'"
         )
-    if version not in ("v3", "v4"):
+    if version not in VOCODER_VERSIONS:
         raise CheckpointError(f"load_sovits_v3 loads v3/v4 files, not {version!r}")
     if is_lora and file_version != version:
         raise CheckpointError(f"{path} is a {file_version} LoRA file but {version} was requested")

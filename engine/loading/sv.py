@@ -12,8 +12,8 @@ from pathlib import Path
 
 import torch
 
-from engine.checkpoints import load_torch_file, state_dict_diff, state_dict_of
 from engine.errors import CheckpointError
+from engine.loading.checkpoints import load_torch_file, state_dict_diff, state_dict_of
 from engine.models.sv import ERes2NetV2, ERes2NetV2Dims
 
 

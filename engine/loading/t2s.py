@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-from engine.checkpoints import as_plain_dict, load_torch_file, state_dict_diff, state_dict_of
 from engine.errors import CheckpointError
+from engine.loading.checkpoints import as_plain_dict, load_torch_file, state_dict_diff, state_dict_of
 from engine.models.t2s import T2SDims, Text2SemanticModel
 
 PREFIX = "model."

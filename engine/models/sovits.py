@@ -16,8 +16,8 @@ from torch.nn import functional as F
 
 from engine.models.hifigan import Generator
 from engine.models.sovits_modules import MelStyleEncoder, ResidualCouplingBlock, SemanticQuantizer, TextEncoder
+from engine.versions import PRO_VERSIONS
 
-PRO_VERSIONS = ("v2Pro", "v2ProPlus")
 SSL_DIM = 768  # chinese-hubert-base hidden size, hard-coded in the official model
 CODEBOOK_SIZE = 1024
 SV_DIM = 20480  # ERes2NetV2 forward3 output: 2048 channels x 10 frequency rows

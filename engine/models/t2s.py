@@ -3,7 +3,7 @@
 A decoder-only transformer with a bidirectional prefix (phones) and a causal semantic stream
 (spec §5). Module and parameter names follow the official state dict (minus its ``model.``
 prefix), so official ``.ckpt`` weights load strictly. Only nn.Modules here: decoding lives in
-``engine.t2s_decoding``.
+``engine.t2s.decoding``.
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ class SelfAttention(nn.Module):
         self.in_proj_weight = nn.Parameter(torch.empty(3 * dim, dim))
         self.in_proj_bias = nn.Parameter(torch.empty(3 * dim))
         self.out_proj = nn.Linear(dim, dim)
-        self.in_proj: nn.Module | None = None  # set by engine.quantize to a (quantised) Linear copy
+        self.in_proj: nn.Module | None = None  # set by engine.t2s.quantize to a (quantised) Linear copy
 
     def project(self, x: torch.Tensor) -> torch.Tensor:
         """(B, T, D) -> (B, T, 3D) packed q|k|v."""

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import yaml
 
-VERSIONS = ("v1", "v2", "v2Pro", "v2ProPlus", "v3", "v4")
+from engine.versions import VERSIONS, VOCODER_VERSIONS
+
 PRETRAINED = Path("GPT_SoVITS") / "pretrained_models"
 LAYOUT: dict[str, dict[str, str]] = {
     "v1": {"gpt": "s1bert25hz-2kh-longer-epoch=68e-step=50232.ckpt", "sovits": "s2G488k.pth"},
@@ -40,7 +41,7 @@ def make_test_weights(out_dir: str | Path, version: str, full_size: bool = False
     root = out_dir / PRETRAINED
     files = {kind: root / rel for kind, rel in LAYOUT[version].items()}
     write_t2s(files["gpt"], "v1" if version == "v1" else "v2", full_size, seed)
-    if version in ("v3", "v4"):
+    if version in VOCODER_VERSIONS:
         from engine.testweights.v3v4 import write_bigvgan_folder, write_sovits_v3, write_v4_vocoder
 
         write_sovits_v3(files["sovits"], version, full_size)

@@ -1,7 +1,7 @@
 """Write checkpoints whose pickled configs look exactly like the official ``utils.HParams`` ones.
 
 User-trained SoVITS ``.pth`` files pickle their hyper-parameters as the training code's
-``utils.HParams`` class. Our :class:`engine.checkpoints.HParams` plays that role here, so the
+``utils.HParams`` class. Our :class:`engine.loading.checkpoints.HParams` plays that role here, so the
 pickler below records it under the official name; the files then load with the same allow-list
 as real ones (and fail the same way in any loader that cannot map that class).
 """
@@ -13,7 +13,7 @@ import types
 from pathlib import Path
 from typing import Any
 
-from engine.checkpoints import HParams, save_torch_file
+from engine.loading.checkpoints import HParams, save_torch_file
 
 OFFICIAL_MODULE, OFFICIAL_NAME = "utils", "HParams"
 

@@ -20,13 +20,13 @@ from pathlib import Path
 
 import torch
 
-from engine.checkpoints import VERSION_HEADERS
 from engine.data import load_json
+from engine.loading.checkpoints import VERSION_HEADERS
 from engine.models.sovits import SoVITSDims, SynthesizerTrn
 from engine.models.sovits_modules import unfold_weight_norm, weight_norm_prefixes
 from engine.models.sv import ERes2NetV2, ERes2NetV2Dims
+from engine.versions import DIRECT_VERSIONS
 
-VERSIONS = ("v1", "v2", "v2Pro", "v2ProPlus")
 # hps.model sizes of the tiny files (like the conformance fixtures; hidden_channels stays 192: MRTE hard-codes it)
 TINY_MODEL = {"inter_channels": 96, "filter_channels": 96, "n_layers": 2, "upsample_initial_channel": 64}
 TINY_PRO_GIN = 64  # v1/v2 need gin 512 (MRTE adds ge to its 512 channels); v2Pro* map ge through ge_to512
@@ -50,8 +50,8 @@ def official_hps(version: str) -> dict:
 
 def sovits_dims(version: str, full_size: bool = False) -> tuple[SoVITSDims, dict]:
     """(dims, hps) of a test file; full size are the official configs (checked against the manifest)."""
-    if version not in VERSIONS:
-        raise ValueError(f"write_sovits covers {VERSIONS}, not {version!r} (v3/v4 live in their own module)")
+    if version not in DIRECT_VERSIONS:
+        raise ValueError(f"write_sovits covers {DIRECT_VERSIONS}, not {version!r} (v3/v4 live in their own module)")
     hps = official_hps(version)
     if not full_size:
         hps["model"].update(TINY_MODEL)

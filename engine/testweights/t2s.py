@@ -7,8 +7,8 @@ from pathlib import Path
 
 import torch
 
-from engine.checkpoints import save_torch_file
 from engine.data import load_json
+from engine.loading.checkpoints import save_torch_file
 from engine.models.t2s import T2SDims, Text2SemanticModel
 
 TINY = {"embedding_dim": 32, "hidden_dim": 32, "head": 2, "n_layer": 2}

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from engine.data import load_json
+from engine.versions import VOCODER_VERSIONS
 
 S2_CONFIG_KEY = "GPT_SoVITS/configs/s2.json"
 BIGVGAN_CONFIG_KEY = "external: NVIDIA BigVGAN configs/bigvgan_v2_24khz_100band_256x.json"
@@ -71,11 +72,11 @@ def write_sovits_v3(path: str | Path, version: str, full_size: bool = False, lor
 
     Returns the path of the base model for LoRA files, else ``path``.
     """
-    from engine.checkpoints import LORA_HEADERS
+    from engine.loading.checkpoints import LORA_HEADERS
     from engine.models.sovits_v3 import SynthesizerTrnV3
     from engine.testweights.pickling import save_with_official_hparams, to_hparams
 
-    if version not in ("v3", "v4"):
+    if version not in VOCODER_VERSIONS:
         raise ValueError(f"write_sovits_v3 writes v3/v4 files, not {version!r}")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

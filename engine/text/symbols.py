@@ -12,9 +12,7 @@ from typing import Iterable, Mapping
 
 from engine.data import load_json
 from engine.errors import ConfigError, TextError
-
-# Model versions the frontend knows. Only "v1" selects the 322-symbol table.
-VERSIONS = ("v1", "v2", "v2Pro", "v2ProPlus", "v3", "v4")
+from engine.versions import VERSIONS
 
 # The g2p punctuation set shared by the zh / ja / yue / en frontends (official `text.symbols.punctuation`).
 PUNCTUATION = ("!", "?", "…", ",", ".", "-")

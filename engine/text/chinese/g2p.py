@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import threading
 from functools import lru_cache
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from pypinyin.contrib.tone_convert import to_finals_tone3, to_initials
 

@@ -1,0 +1,307 @@
+"""The official pretrained files each model version needs, fetched into the official folder layout.
+
+Layout (spec §2.1): everything under ``<root>/GPT_SoVITS/pretrained_models/``, the paths the
+official ``tts_infer.yaml`` names, so a downloaded tree works with both the official code and ours.
+Sources: the official weight repo ``lj1995/GPT-SoVITS`` on the Hugging Face hub, NVIDIA's
+``nvidia/bigvgan_v2_24khz_100band_256x`` for the v3 vocoder, and (optional) the G2PW archive from
+``XXXXRT/GPT-SoVITS-Pretrained``, the mirror the official installer uses.
+
+``huggingface_hub`` is imported only when something is actually fetched. Downloads resume (the hub
+client keeps partial files next to the target) and show its progress bars. After a download we
+verify what we can: the size and sha256 the hub reports for the file, and for the pretrained SoVITS
+files the md5 of their first 8 KiB that the official version detection keys on (spec §2.3).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import zipfile
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+from engine.errors import CheckpointError, EngineError
+from engine.versions import VERSIONS
+
+WEIGHTS_REPO = "lj1995/GPT-SoVITS"
+BIGVGAN_REPO = "nvidia/bigvgan_v2_24khz_100band_256x"
+G2PW_REPO = "XXXXRT/GPT-SoVITS-Pretrained"
+PRETRAINED = "GPT_SoVITS/pretrained_models"
+BIGVGAN_FOLDER = f"{PRETRAINED}/models--nvidia--bigvgan_v2_24khz_100band_256x"
+
+
+class DownloadError(EngineError):
+    """Files could not be fetched (offline, refused, or corrupt); the message lists what and where."""
+
+    def __init__(self, message: str, report: "DownloadReport | None" = None):
+        super().__init__(message)
+        self.report = report
+
+
+@dataclass(frozen=True)
+class Asset:
+    """One file of a hub repo and where it goes: ``<root>/<folder>/<filename>`` (the hub client's
+    ``local_dir`` layout). With ``unpack`` the file is a zip extracted into ``<root>/<unpack>``."""
+
+    repo_id: str
+    filename: str  # path inside the repo (its folders are kept below `folder`)
+    folder: str  # destination folder relative to the GPT-SoVITS root
+    what: str  # what it is, for messages
+    md5_head: str = ""  # md5 of the first 8 KiB when known (the official version detection table)
+    unpack: str = ""  # for archives: the folder they are extracted to
+    unpack_markers: tuple[str, ...] = ()  # files that prove an extracted archive is complete
+
+    @property
+    def target(self) -> PurePosixPath:
+        return PurePosixPath(self.folder) / self.filename
+
+    @property
+    def installed(self) -> PurePosixPath:
+        """What must exist once the asset is in place (the file, or the extracted folder)."""
+        return PurePosixPath(self.unpack) if self.unpack else self.target
+
+    @property
+    def url(self) -> str:
+        return f"https://huggingface.co/{self.repo_id}/resolve/main/{self.filename}"
+
+
+def _lj(filename: str, what: str, md5: str = "") -> Asset:
+    return Asset(WEIGHTS_REPO, filename, PRETRAINED, what, md5)
+
+
+HUBERT = tuple(_lj(f"chinese-hubert-base/{n}", "HuBERT (SSL features of the reference)")
+               for n in ("config.json", "preprocessor_config.json", "pytorch_model.bin"))
+ROBERTA = tuple(_lj(f"chinese-roberta-wwm-ext-large/{n}", "Chinese RoBERTa (BERT features)")
+                for n in ("config.json", "tokenizer.json", "pytorch_model.bin"))
+GPT_V1 = _lj("s1bert25hz-2kh-longer-epoch=68e-step=50232.ckpt", "v1 GPT")
+GPT_V2 = _lj("gsv-v2final-pretrained/s1bert25hz-5kh-longer-epoch=12-step=369668.ckpt", "v2 GPT")
+GPT_V3 = _lj("s1v3.ckpt", "GPT of v3, v4, v2Pro and v2ProPlus")
+SV = _lj("sv/pretrained_eres2netv2w24s4ep4.ckpt", "ERes2NetV2 speaker-verification net (v2Pro*)")
+BIGVGAN = tuple(Asset(BIGVGAN_REPO, n, BIGVGAN_FOLDER, "BigVGAN v2 24 kHz vocoder (v3)")
+                for n in ("config.json", "bigvgan_generator.pt"))
+
+# md5 heads: the official `hash_pretrained_dict` (spec §2.3, engine.loading.checkpoints.PRETRAINED_MD5)
+ASSETS: dict[str, tuple[Asset, ...]] = {
+    "v1": (GPT_V1, _lj("s2G488k.pth", "v1 SoVITS", "dc3c97e17592963677a4a1681f30c653")),
+    "v2": (GPT_V2, _lj("gsv-v2final-pretrained/s2G2333k.pth", "v2 SoVITS", "6642b37f3dbb1f76882b69937c95a5f3")),
+    "v3": (GPT_V3, _lj("s2Gv3.pth", "v3 SoVITS", "43797be674a37c1c83ee81081941ed0f"), *BIGVGAN),
+    "v4": (GPT_V3, _lj("gsv-v4-pretrained/s2Gv4.pth", "v4 SoVITS", "4f26b9476d0c5033e04162c486074374"),
+           _lj("gsv-v4-pretrained/vocoder.pth", "v4 vocoder (48 kHz)")),
+    "v2Pro": (GPT_V3, _lj("v2Pro/s2Gv2Pro.pth", "v2Pro SoVITS", "c7e9fce2223f3db685cdfa1e6368728a"), SV),
+    "v2ProPlus": (GPT_V3, _lj("v2Pro/s2Gv2ProPlus.pth", "v2ProPlus SoVITS", "66b313e39455b57ab1b0bc0b239c9d0a"),
+                  SV),
+}
+G2PW = Asset(G2PW_REPO, "G2PWModel.zip", "GPT_SoVITS/text", "G2PW polyphone model (optional, Chinese)",
+             unpack="GPT_SoVITS/text/G2PWModel", unpack_markers=("POLYPHONIC_CHARS.txt",))
+
+
+def assets_for(versions: Iterable[str], *, g2pw: bool = False) -> list[Asset]:
+    """Every file the given versions need (shared files once), in a stable order."""
+    chosen: list[Asset] = [*HUBERT, *ROBERTA]
+    for version in versions:
+        if version not in ASSETS:
+            raise DownloadError(f"--version: unknown version {version!r}; use one of {', '.join(VERSIONS)} or all")
+        chosen += ASSETS[version]
+    if g2pw:
+        chosen.append(G2PW)
+    return list(dict.fromkeys(chosen))
+
+
+# ---- checking what is there ------------------------------------------------------------------
+
+
+def is_present(root: Path, asset: Asset) -> bool:
+    path = Path(root) / asset.installed
+    if asset.unpack:
+        return path.is_dir() and all((path / m).is_file() for m in asset.unpack_markers)
+    return path.is_file() and path.stat().st_size > 0
+
+
+def verify(root: Path, asset: Asset, expected_sha256: str = "", expected_size: int | None = None) -> None:
+    """Raise CheckpointError if a present file is not the official one (as far as we can tell)."""
+    path = Path(root) / asset.target
+    if not path.is_file() or path.stat().st_size == 0:
+        raise CheckpointError(f"{asset.what}: {path} is missing or empty")
+    size = path.stat().st_size
+    if expected_size is not None and size != expected_size:
+        raise CheckpointError(f"{asset.what}: {path} has {size} bytes, the hub says {expected_size}; "
+                              f"delete it and download again")
+    if asset.md5_head and (got := md5_head(path)) != asset.md5_head:
+        raise CheckpointError(f"{asset.what}: {path} is not the official pretrained file (its first 8 KiB have "
+                              f"md5 {got}, expected {asset.md5_head}); delete it and download again")
+    if expected_sha256 and (digest := _sha256(path)) != expected_sha256:
+        raise CheckpointError(f"{asset.what}: {path} has sha256 {digest}, the hub says {expected_sha256}; "
+                              f"delete it and download again")
+
+
+def md5_head(path: Path, size: int = 8192) -> str:
+    """md5 of a file's first 8 KiB, the key of the official pretrained-file table."""
+    with open(path, "rb") as f:
+        return hashlib.md5(f.read(size)).hexdigest()
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def missing_message(root: Path, missing: Sequence[Asset], reason: str = "",
+                    check_command: str = "sovits-studio download --check") -> str:
+    """What is missing, where to get it and exactly where to put it."""
+    lines = [f"{len(missing)} file(s) are missing{f' ({reason})' if reason else ''}:"]
+    for a in missing:
+        dest = (Path(root) / a.installed).resolve()
+        how = f"unzip {a.url} there (one folder holding {', '.join(a.unpack_markers)})" if a.unpack else a.url
+        lines.append(f"  {a.what}: {dest}\n      from {how}")
+    lines.append("Put each file at the path shown (the official GPT-SoVITS layout), then run "
+                 f"`{check_command}` to verify.")
+    return "\n".join(lines)
+
+
+# ---- fetching --------------------------------------------------------------------------------
+
+
+@dataclass
+class DownloadReport:
+    fetched: list[Asset] = field(default_factory=list)
+    present: list[Asset] = field(default_factory=list)
+    missing: list[Asset] = field(default_factory=list)
+
+
+def _hub():
+    try:
+        import huggingface_hub
+    except ImportError as e:  # pragma: no cover - it is a dependency
+        raise DownloadError("huggingface_hub is not installed: `pip install huggingface_hub`") from e
+    return huggingface_hub
+
+
+_OFFLINE_ERRORS = {"OfflineModeIsEnabled", "LocalEntryNotFoundError", "ConnectionError", "ConnectError", "Timeout",
+                   "TimeoutException", "ReadTimeout", "ConnectTimeout", "NetworkError", "ProxyError", "SSLError"}
+
+
+def _is_offline_error(e: BaseException) -> bool:
+    """Connection trouble (as opposed to a refused or corrupt file): the rest would fail the same way."""
+    names = {c.__name__ for c in type(e).__mro__}
+    return bool(names & _OFFLINE_ERRORS) or isinstance(e, (ConnectionError, TimeoutError))
+
+
+def _hub_checksum(hub, asset: Asset, revision: str) -> tuple[str, int | None]:
+    """(sha256, size) the hub reports for an LFS file; ("", None) when it cannot tell."""
+    try:
+        meta = hub.get_hf_file_metadata(hub.hf_hub_url(asset.repo_id, asset.filename, revision=revision))
+    except Exception:  # noqa: BLE001 - the file itself was fetched; a failing HEAD only means less checking
+        return "", None
+    etag = (getattr(meta, "etag", "") or "").strip('"').lower()
+    sha = etag if len(etag) == 64 and all(c in "0123456789abcdef" for c in etag) else ""
+    size = getattr(meta, "size", None)
+    return sha, size if isinstance(size, int) else None
+
+
+def _unpack(zip_path: Path, dest: Path, asset: Asset) -> None:
+    """Extract a zip into ``dest``; a single top folder (e.g. ``G2PWModel_1.1/``) becomes ``dest`` itself.
+    Members that would land outside ``dest`` are refused."""
+    staging = dest.with_name(dest.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        with zipfile.ZipFile(zip_path) as z:
+            for member in z.namelist():
+                if not (staging / member).resolve().is_relative_to(staging.resolve()):
+                    raise CheckpointError(f"{asset.what}: archive member {member!r} points outside the folder")
+            z.extractall(staging)
+        tops = [p for p in staging.iterdir() if not p.name.startswith("__MACOSX")]
+        inner = tops[0] if len(tops) == 1 and tops[0].is_dir() else staging
+        missing = [m for m in asset.unpack_markers if not (inner / m).is_file()]
+        if missing:
+            raise CheckpointError(f"{asset.what}: the archive lacks {', '.join(missing)}")
+        shutil.rmtree(dest, ignore_errors=True)
+        inner.rename(dest)
+    except zipfile.BadZipFile as e:
+        raise CheckpointError(f"{asset.what}: {zip_path} is not a valid zip ({e}); delete it and retry") from e
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _fetch_one(hub, root: Path, a: Asset, revision: str, verify_checksums: bool) -> None:
+    local_dir = root / a.folder
+    local_dir.mkdir(parents=True, exist_ok=True)
+    got = Path(hub.hf_hub_download(repo_id=a.repo_id, filename=a.filename, revision=revision,
+                                   local_dir=str(local_dir)))
+    if got.resolve() != (root / a.target).resolve():  # a hub client that answers with a cache path
+        (root / a.target).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(got, root / a.target)
+    sha, size = _hub_checksum(hub, a, revision) if verify_checksums else ("", None)
+    verify(root, a, sha, size)
+    if a.unpack:
+        _unpack(root / a.target, root / a.unpack, a)
+        (root / a.target).unlink(missing_ok=True)
+
+
+def download(
+    root: str | os.PathLike,
+    assets: Sequence[Asset],
+    *,
+    revision: str = "main",
+    verify_checksums: bool = True,
+    log: Callable[[str], None] = print,
+    check_command: str = "sovits-studio download --check",
+) -> DownloadReport:
+    """Fetch every asset not yet present under ``root``. Raises DownloadError listing what is still
+    missing (and where it goes) when the hub cannot be reached or a download is corrupt."""
+    root = Path(root)
+    report = DownloadReport()
+    todo: list[Asset] = []
+    for a in assets:
+        (report.present if is_present(root, a) else todo).append(a)
+    if not todo:
+        log(f"all {len(assets)} file(s) are present under {root.resolve()}")
+        return report
+    hub = None
+    offline = ""
+    corrupt: list[str] = []
+    for i, a in enumerate(todo, 1):
+        if offline:  # the hub is unreachable: list the rest without trying each
+            report.missing.append(a)
+            continue
+        log(f"[{i}/{len(todo)}] {a.repo_id}/{a.filename} -> {root / a.installed}")
+        try:
+            hub = hub or _hub()
+            _fetch_one(hub, root, a, revision, verify_checksums)
+            report.fetched.append(a)
+        except CheckpointError as e:
+            (root / a.target).unlink(missing_ok=True)  # a corrupt file must not pass for a present one
+            report.missing.append(a)
+            corrupt.append(str(e))
+            log(f"    removed a corrupt download: {e}")
+        except DownloadError:
+            raise
+        except Exception as e:  # noqa: BLE001 - classified just below
+            if not _is_offline_error(e):
+                raise DownloadError(f"fetching {a.repo_id}/{a.filename} failed: {type(e).__name__}: {e}",
+                                    report) from e
+            report.missing.append(a)
+            offline = f"the hub cannot be reached: {type(e).__name__}"
+    if report.missing:
+        raise DownloadError(missing_message(root, report.missing, offline or "; ".join(corrupt), check_command), report)
+    return report
+
+
+def check(root: str | os.PathLike, assets: Sequence[Asset]) -> tuple[list[Asset], list[tuple[Asset, str]]]:
+    """Offline check of an installed tree: (missing assets, [(asset, problem)] for present but wrong ones)."""
+    root = Path(root)
+    missing, wrong = [], []
+    for a in assets:
+        if not is_present(root, a):
+            missing.append(a)
+        elif not a.unpack:
+            try:
+                verify(root, a)
+            except CheckpointError as e:
+                wrong.append((a, str(e)))
+    return missing, wrong

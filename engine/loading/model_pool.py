@@ -1,0 +1,363 @@
+"""Loaded models: the ``Models`` bundle of one GPT + SoVITS set, and a memory-bounded pool of them.
+
+Responsibilities: (1) ``Models`` is one language-blind set of networks (T2S, SoVITS, HuBERT, BERT,
+plus the vocoder for v3/v4 or the speaker-verification net for v2Pro*), loaded once, never mutated
+per request and shareable between threads; (2) ``ModelPool`` owns loaded networks keyed by weight
+file (and device/dtype), evicts the least recently used ones past a byte budget, and refuses
+weight paths outside the allowed folders. Each request names its own weights, so two users never
+swap each other's model (the official global ``set_*_weights`` does; upstream issue #1037).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from engine.errors import CheckpointError, OptionsError
+from engine.runtime import Runtime
+from engine.versions import VOCODER_VERSIONS
+
+log = logging.getLogger(__name__)
+
+MUTE_TOKEN = 486  # semantic token of silence (TTS_Config.mute_tokens, the same for every version)
+OFFICIAL_EXTRAS = {  # where the official code looks when the config names no file (relative to its root)
+    "v3": Path("GPT_SoVITS/pretrained_models/models--nvidia--bigvgan_v2_24khz_100band_256x"),
+    "v4": Path("GPT_SoVITS/pretrained_models/gsv-v4-pretrained/vocoder.pth"),
+    "sv": Path("GPT_SoVITS/pretrained_models/sv/pretrained_eres2netv2w24s4ep4.ckpt"),
+}
+OFFICIAL_BASES = {  # the pretrained base model a v3/v4 LoRA file is merged into
+    "v3": Path("GPT_SoVITS/pretrained_models/s2Gv3.pth"),
+    "v4": Path("GPT_SoVITS/pretrained_models/gsv-v4-pretrained/s2Gv4.pth"),
+}
+
+
+class WeightPathError(CheckpointError, OptionsError):
+    """A weight path is missing or lies outside the folders weights may be loaded from."""
+
+
+# ---- which files ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WeightSet:
+    """The files of one model set. ``vocoder``/``sv`` None: the official location under ``base_dir``."""
+
+    gpt: Path
+    sovits: Path
+    bert: Path
+    ssl: Path
+    vocoder: Path | None = None
+    sv: Path | None = None
+    base_dir: Path = field(default_factory=Path.cwd)
+    vocoder_backend: str = "torch"  # "torch" or "coreml" (config key vocoder_backend; coreml on macOS only)
+    vocoder_package: str = ""  # the Core ML package for "coreml" (config key vocoder_coreml_package)
+
+    @classmethod
+    def from_config(cls, config, gpt: str | os.PathLike | None = None,
+                    sovits: str | os.PathLike | None = None) -> "WeightSet":
+        """The active section of an ``InferConfig``; ``gpt``/``sovits`` override its two weight paths."""
+        active = config.active
+
+        def opt(p: str) -> Path | None:  # relative paths resolve against the config's base folder
+            if not p:
+                return None
+            path = Path(os.path.expanduser(p))
+            return path if path.is_absolute() else Path(config.base_dir) / path
+
+        return cls(
+            gpt=Path(gpt) if gpt else config.path("t2s_weights_path"),
+            sovits=Path(sovits) if sovits else config.path("vits_weights_path"),
+            bert=config.path("bert_base_path"),
+            ssl=config.path("cnhuhbert_base_path"),
+            vocoder=opt(active.vocoder_path),
+            sv=opt(active.sv_weights_path),
+            base_dir=config.base_dir,
+            vocoder_backend=getattr(active, "vocoder_backend", "torch") or "torch",
+            vocoder_package=str(opt(getattr(active, "vocoder_coreml_package", "") or "") or ""),
+        )
+
+    def replace(self, gpt: str | os.PathLike | None = None, sovits: str | os.PathLike | None = None) -> "WeightSet":
+        from dataclasses import replace
+
+        return replace(self, gpt=Path(gpt) if gpt else self.gpt, sovits=Path(sovits) if sovits else self.sovits)
+
+    def extra(self, kind: str, version: str) -> Path:
+        """The vocoder (kind "vocoder", for v3/v4) or SV (kind "sv") file, with the official fallback."""
+        chosen = self.vocoder if kind == "vocoder" else self.sv
+        return chosen if chosen is not None else self.base_dir / OFFICIAL_EXTRAS["sv" if kind == "sv" else version]
+
+
+def check_weight_path(path: str | os.PathLike, roots: tuple[str, ...], name: str, must_exist: bool = True) -> Path:
+    """The resolved path; WeightPathError (naming ``name``) if it is missing or escapes ``roots``."""
+    if not isinstance(path, (str, os.PathLike)) or not str(path).strip():
+        raise WeightPathError(f"{name} is empty: give the path of a weight file")
+    resolved = Path(os.path.expanduser(str(path))).resolve()
+    if roots:
+        allowed = [Path(os.path.expanduser(r)).resolve() for r in roots]
+        if not any(resolved == r or r in resolved.parents for r in allowed):
+            raise WeightPathError(
+                f"{name} {str(path)!r} is outside the allowed weight folders ({', '.join(map(str, allowed))})"
+            )
+    if must_exist and not resolved.exists():
+        raise WeightPathError(f"{name} {str(path)!r} does not exist")
+    return resolved
+
+
+# ---- the bundle ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class Models:
+    """One loaded model set on one device. Shared read-only by every request that uses it."""
+
+    weights: WeightSet
+    runtime: Runtime
+    t2s: nn.Module  # Text2SemanticModel
+    early_stop_num: int  # hz * max_sec of the GPT checkpoint (2700 for the official files)
+    mute_similarity: torch.Tensor  # (vocab,) cosine similarity of each token embedding to the mute token
+    sovits: nn.Module  # SynthesizerTrn (v1/v2/v2Pro*) or SynthesizerTrnV3 (v3/v4)
+    version: str  # v1 | v2 | v2Pro | v2ProPlus | v3 | v4 (of the SoVITS file)
+    sovits_sample_rate: int  # hps.data.sampling_rate (32000): the reference rate and the silence unit
+    ssl: nn.Module  # HuBERT
+    bert: Any  # BertFeatureExtractor
+    vocoder: Any = None  # v3 BigVGAN / v4 HiFi-GAN: the torch module, or a Core ML wrapper (mel -> audio)
+    sv: nn.Module | None = None  # ERes2NetV2 (v2Pro*)
+    t2s_fast: Any = None  # engine.t2s.fast.FastT2S over ``t2s`` (CUDA graphs), when the engine uses it
+
+    @property
+    def id(self) -> str:
+        """Identity of the set for cache keys: weight files, device and precision."""
+        w = self.weights
+        return f"{w.gpt}|{w.sovits}|{w.bert}|{w.ssl}|{self.runtime.describe()}"
+
+    @property
+    def device(self) -> torch.device:
+        return self.runtime.device
+
+    @property
+    def uses_vocoder(self) -> bool:
+        return self.version in VOCODER_VERSIONS
+
+    @property
+    def output_sample_rate(self) -> int:
+        """32000 for v1/v2/v2Pro*, 24000 for v3, 48000 for v4 (spec §9.4)."""
+        return {"v3": 24000, "v4": 48000}.get(self.version, self.sovits_sample_rate)
+
+
+def module_bytes(obj: Any) -> int:
+    """Parameter + buffer bytes of a module (or of the ``.model`` of a wrapper such as the BERT extractor)."""
+    module = obj if isinstance(obj, nn.Module) else getattr(obj, "model", None)
+    if not isinstance(module, nn.Module):
+        return 0
+    tensors = list(module.parameters()) + list(module.buffers())
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+# ---- loaders (one per kind; the pool takes a replacement mapping in tests) ----------------------
+
+
+def _load_t2s(path: Path, rt: Runtime, decoder: str = "reference") -> tuple[nn.Module, int, torch.Tensor, Any]:
+    from engine.loading.t2s import load_t2s
+
+    model, ckpt = load_t2s(path, rt.device, rt.dtype_for("t2s"))
+    table = model.ar_audio_embedding.word_embeddings.weight.detach().float()  # (vocab, D)
+    sim = torch.nn.functional.cosine_similarity(table[MUTE_TOKEN].unsqueeze(0), table, dim=-1)  # (vocab,)
+    if decoder == "int8":
+        from engine.t2s.quantize import quantize_t2s_int8
+
+        if rt.device.type != "cpu":
+            raise OptionsError(f"t2s_decoder 'int8' runs on the CPU, but this engine runs on {rt.device}")
+        model = quantize_t2s_int8(model)
+    fast = None
+    if decoder == "fast":
+        from engine.t2s.fast import FastT2S
+
+        fast = FastT2S(model)
+    return model, ckpt.early_stop_num, sim.cpu(), fast
+
+
+def _load_sovits(path: Path, rt: Runtime, base_dir: str = "."):
+    from engine.loading.checkpoints import sovits_version_from_file
+    from engine.loading.sovits import load_sovits
+
+    _, version, is_lora = sovits_version_from_file(path)
+    base = Path(base_dir) / OFFICIAL_BASES[version] if is_lora and version in OFFICIAL_BASES else None
+    loaded = load_sovits(path, rt.device, rt.dtype_for("sovits"), base_path=base)
+    module = loaded.module.to(rt.device, rt.dtype_for("sovits"))  # the v3/v4 loader returns fp32 on the CPU
+    return module, loaded.model_version, loaded.sampling_rate
+
+
+def _load_ssl(path: Path, rt: Runtime) -> nn.Module:
+    from engine.acoustic.hubert import load_hubert
+
+    return load_hubert(path).to(rt.device, rt.dtype_for("ssl"))
+
+
+def _load_bert(path: Path, rt: Runtime):
+    from engine.text.bert import BertFeatureExtractor
+
+    return BertFeatureExtractor.from_folder(path, rt.device, rt.dtype_for("bert"))
+
+
+VOCODER_IDENTITY = {"v3": ("bigvgan", 24000, 256), "v4": ("v4", 48000, 480)}  # kind, rate, samples per frame
+
+
+def _load_vocoder(path: Path, rt: Runtime, version: str, backend: str = "torch", package: str = ""):
+    from engine.acoustic.vocoder_backend import select_vocoder
+    from engine.loading.vocoder import load_bigvgan, load_v4_vocoder
+
+    model = load_bigvgan(path) if version == "v3" else load_v4_vocoder(path)
+    model = model.to(rt.device, rt.dtype_for("vocoder"))
+    if backend == "torch":
+        return model
+    kind, rate, hop = VOCODER_IDENTITY[version]
+    chosen = select_vocoder(backend, model, kind=kind, sample_rate=rate, hop=hop, channels=100,
+                            package=package or None)
+    return chosen.vocoder  # the torch module whenever Core ML cannot be used (the reason is logged)
+
+
+def _load_sv(path: Path, rt: Runtime) -> nn.Module:
+    from engine.loading.sv import load_sv_model
+
+    return load_sv_model(path, rt.device, rt.dtype_for("sv"))
+
+
+DEFAULT_LOADERS: dict[str, Callable[..., Any]] = {
+    "t2s": _load_t2s, "sovits": _load_sovits, "ssl": _load_ssl, "bert": _load_bert,
+    "vocoder": _load_vocoder, "sv": _load_sv,
+}
+
+
+# ---- the pool ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PoolStats:
+    loads: int
+    hits: int
+    evictions: int
+    entries: int
+    bytes: int
+
+
+class ModelPool:
+    """Loaded networks keyed by (kind, weight file, device, dtype); LRU past ``max_bytes``.
+
+    ``models(weights, runtime)`` returns a :class:`Models` bundle, loading what is missing. Networks
+    shared between sets (BERT, HuBERT) are loaded once. An evicted network stays alive while a
+    running request still holds its bundle; the pool only drops its own reference.
+    """
+
+    def __init__(self, max_bytes: int = 12 << 30, weight_roots: tuple[str, ...] = (),
+                 loaders: dict[str, Callable[..., Any]] | None = None,
+                 size_of: Callable[[Any], int] | None = None, t2s_decoder: str = "auto") -> None:
+        self.max_bytes = max_bytes
+        self.t2s_decoder = t2s_decoder  # auto | fast | reference (see EngineSettings.t2s_decoder)
+        self.weight_roots = tuple(weight_roots)
+        self._loaders = {**DEFAULT_LOADERS, **(loaders or {})}
+        self._size_of = size_of or (lambda v: module_bytes(v[0] if isinstance(v, tuple) else v))
+        self._items: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self._loading: dict[Hashable, threading.Lock] = {}
+        self.loads = self.hits = self.evictions = 0
+
+    # ---- public ------------------------------------------------------------------------
+    def models(self, weights: WeightSet, runtime: Runtime) -> Models:
+        """The bundle for ``weights`` on ``runtime``'s device (CheckpointError/WeightPathError name the file)."""
+        roots = self.weight_roots
+        gpt = check_weight_path(weights.gpt, roots, "GPT weights (gpt_weights_path)")
+        sovits_path = check_weight_path(weights.sovits, roots, "SoVITS weights (sovits_weights_path)")
+        bert_path = check_weight_path(weights.bert, (), "BERT folder (bert_base_path)")
+        ssl_path = check_weight_path(weights.ssl, (), "HuBERT folder (cnhuhbert_base_path)")
+        pinned: list[Hashable] = []
+        decoder = self.t2s_decoder
+        if decoder == "auto":
+            decoder = "fast" if runtime.device.type == "cuda" else "reference"
+        t2s, early_stop, sim, fast = self._get("t2s", gpt, runtime, pinned, decoder)
+        sovits, version, sr = self._get("sovits", sovits_path, runtime, pinned, str(weights.base_dir))
+        ssl = self._get("ssl", ssl_path, runtime, pinned)
+        bert = self._get("bert", bert_path, runtime, pinned)
+        vocoder = sv = None
+        if version in VOCODER_VERSIONS:
+            path = check_weight_path(weights.extra("vocoder", version), (), f"{version} vocoder (vocoder_path)")
+            vocoder = self._get("vocoder", path, runtime, pinned, version, weights.vocoder_backend,
+                                weights.vocoder_package)
+        if version in ("v2Pro", "v2ProPlus"):
+            path = check_weight_path(weights.extra("sv", version), (), "speaker-verification weights (sv_weights_path)")
+            sv = self._get("sv", path, runtime, pinned)
+        with self._lock:
+            self._evict_locked(self.max_bytes, keep=set(pinned))  # the set just handed out stays
+        return Models(weights=weights, runtime=runtime, t2s=t2s, early_stop_num=early_stop, mute_similarity=sim,
+                      sovits=sovits, version=version, sovits_sample_rate=sr, ssl=ssl, bert=bert, vocoder=vocoder,
+                      sv=sv, t2s_fast=fast)
+
+    def shrink(self, fraction: float = 0.5) -> int:
+        """Drop least recently used networks until at most ``fraction`` of the bytes remain."""
+        with self._lock:
+            before = self._bytes
+            self._evict_locked(int(self._bytes * fraction))
+            return before - self._bytes
+
+    def stats(self) -> PoolStats:
+        with self._lock:
+            return PoolStats(self.loads, self.hits, self.evictions, len(self._items), self._bytes)
+
+    def keys(self) -> list[Hashable]:
+        with self._lock:
+            return list(self._items)
+
+    @property
+    def nbytes(self) -> int:
+        return self._bytes
+
+    # ---- internals ---------------------------------------------------------------------
+    def _get(self, kind: str, path: Path, rt: Runtime, pinned: list, *extra: Any) -> Any:
+        stage = {"t2s": "t2s", "sovits": "sovits", "ssl": "ssl", "bert": "bert", "vocoder": "vocoder", "sv": "sv"}[kind]
+        key = (kind, str(path), str(rt.device), str(rt.dtype_for(stage)), *extra)
+        pinned.append(key)
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                self.hits += 1
+                return self._items[key][0]
+            gate = self._loading.setdefault(key, threading.Lock())
+        with gate:
+            with self._lock:
+                if key in self._items:
+                    self._items.move_to_end(key)
+                    self.hits += 1
+                    return self._items[key][0]
+            log.info("loading %s weights %s on %s", kind, path, rt.device)
+            try:
+                value = self._loaders[kind](path, rt, *extra)
+            finally:
+                with self._lock:
+                    self._loading.pop(key, None)
+            size = self._size_of(value)
+            with self._lock:
+                self.loads += 1
+                self._items[key] = (value, size)
+                self._bytes += size
+                self._evict_locked(self.max_bytes, keep=set(pinned))
+            return value
+
+    def _evict_locked(self, max_bytes: int, keep: set | frozenset = frozenset()) -> None:
+        for key in list(self._items):
+            if self._bytes <= max_bytes:
+                break
+            if key in keep:
+                continue
+            _, size = self._items.pop(key)
+            self._bytes -= size
+            self.evictions += 1
+            log.info("model pool: evicted %s %s (%d bytes) to stay within %d bytes", key[0], key[1], size, max_bytes)

@@ -1,0 +1,60 @@
+"""`sovits-studio` command line: one subcommand per module, each loaded only when it runs."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# subcommand -> (module, one-line help). Each module defines `add_arguments(parser)` and `run(args) -> int`.
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "inspect": ("studio.cli.inspect", "describe a GPT-SoVITS weight file or folder"),
+    "make-test-weights": ("studio.cli.make_test_weights", "write a random model set in the official formats"),
+    "g2p": ("studio.cli.g2p", "print the phones, ids, word2ph and normalised text for a text"),
+    "synth": ("studio.cli.synth", "clone a voice: text + reference clip -> wav"),
+    "download": ("studio.cli.download", "fetch the official pretrained weights into the official layout"),
+    "serve": ("studio.cli.serve", "run the api_v2-compatible HTTP server (with OpenAI speech and /metrics)"),
+    "export-coreml": ("studio.cli.export_coreml", "convert a vocoder (bigvgan, v4, v2) to a Core ML package"),
+    "bench": ("studio.cli.bench", "benchmark each stage and end to end (speed, latency, memory)"),
+    "webui": ("studio.cli.webui", "the web UI and the HTTP API on one port (voice cloning in the browser)"),
+}
+
+
+def _usage() -> str:
+    width = max(map(len, SUBCOMMANDS))
+    rows = "\n".join(f"  {name:<{width}}  {help_text}" for name, (_, help_text) in SUBCOMMANDS.items())
+    return f"usage: sovits-studio COMMAND [options]\n\nGPT-SoVITS voice cloning engine.\n\ncommands:\n{rows}\n"
+
+
+def build_parser(name: str) -> argparse.ArgumentParser:
+    """The parser of one subcommand; only that subcommand's module is imported."""
+    module, help_text = SUBCOMMANDS[name]
+    parser = argparse.ArgumentParser(prog=f"sovits-studio {name}", description=help_text)
+    importlib.import_module(module).add_arguments(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from engine.platform_env import enable_mps_fallback
+
+    enable_mps_fallback()  # must precede the first torch import (commands import torch lazily)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0 if argv else 2
+    name = argv[0]
+    if name not in SUBCOMMANDS:
+        print(f"sovits-studio: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    args = build_parser(name).parse_args(argv[1:])
+    from engine.errors import EngineError
+
+    try:
+        return int(importlib.import_module(SUBCOMMANDS[name][0]).run(args) or 0)
+    except EngineError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

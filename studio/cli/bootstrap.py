@@ -1,0 +1,100 @@
+"""What the commands share: finding the config, the device and precision flags, the engine and server
+limits with their one set of defaults, and building the engine from them.
+
+Every default shown by ``-h`` is read from the dataclass that owns it (:class:`engine.options.EngineSettings`,
+:class:`studio.http.app.ServerSettings`), so a default lives in one place. Importing this module is cheap:
+nothing here imports torch until an engine is built.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+# Where a command looks for tts_infer.yaml when --config is not given, in order: ours, then an official
+# GPT-SoVITS checkout's (the command run from its root).
+CONFIG_CANDIDATES = ("configs/tts_infer.yaml", "GPT_SoVITS/configs/tts_infer.yaml")
+PRECISIONS = ("auto", "fp32", "fp16", "bf16")
+MIB = 1 << 20
+
+
+def find_config(arg: str | None) -> Path | None:
+    """``arg`` if given, else the first of :data:`CONFIG_CANDIDATES` that exists here, else None."""
+    if arg:
+        return Path(arg)
+    return next((Path(c) for c in CONFIG_CANDIDATES if Path(c).is_file()), None)
+
+
+def load_engine_config(arg: str | None, *, required: bool):
+    """The parsed config: ``--config``, a discovered one, or (when not ``required``) the built-in defaults."""
+    from engine.config import load_config, parse_config
+    from engine.errors import ConfigError
+
+    path = find_config(arg)
+    if path is not None:
+        return load_config(path)
+    if required:
+        raise ConfigError(f"no --config given and none of {', '.join(CONFIG_CANDIDATES)} here; pass --config "
+                          f"PATH (make one with `sovits-studio download` or `sovits-studio make-test-weights DIR`)")
+    return parse_config({}, "built-in defaults")
+
+
+def add_config_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-c", "--config", default=None,
+                        help=f"tts_infer.yaml (default: the first of {', '.join(CONFIG_CANDIDATES)} that exists)")
+
+
+def add_device_arguments(parser: argparse.ArgumentParser, *, device: str | None = None,
+                         precision: str | None = None) -> None:
+    """``--device`` and ``--precision``, with the same choices on every command (default: the config's)."""
+    parser.add_argument("--device", default=device,
+                        help=f"auto, cpu, cuda, cuda:N or mps (default: {device or 'the config' + chr(39) + 's'})")
+    parser.add_argument("--precision", default=precision, choices=PRECISIONS,
+                        help="auto (per stage: fp16 with an fp32 vocoder on MPS, fp16 on CUDA, fp32 on CPU), fp32, "
+                             f"fp16 or bf16 (default: {precision or 'the config' + chr(39) + 's is_half'})")
+
+
+def add_engine_limits(parser: argparse.ArgumentParser) -> None:
+    """The request limits every front door applies (defaults from EngineSettings / ServerSettings)."""
+    from engine.options import EngineSettings
+    from studio.http.context import ServerSettings
+
+    parser.add_argument("--max-tokens-per-sentence", type=int, default=ServerSettings.max_tokens_per_sentence,
+                        help="cap semantic tokens per sentence (25 per second of audio; default: the GPT file's limit)")
+    parser.add_argument("--max-text-chars", type=int, default=EngineSettings.max_text_chars,
+                        help=f"longest text accepted (default {EngineSettings.max_text_chars})")
+
+
+def add_server_arguments(parser: argparse.ArgumentParser, *, port: int, port_note: str) -> None:
+    """Host, port, and the admission and upload limits of a server (defaults from ServerSettings)."""
+    from studio.http.context import ServerSettings
+
+    parser.add_argument("-a", "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 for all)")
+    parser.add_argument("-p", "--port", type=int, default=port, help=f"port (default {port}, {port_note})")
+    parser.add_argument("--workers", type=int, default=ServerSettings.workers,
+                        help=f"syntheses run at once, page and API together (default {ServerSettings.workers})")
+    parser.add_argument("--max-queue", type=int, default=ServerSettings.max_queue,
+                        help=f"requests waiting beyond that; more get 503 (default {ServerSettings.max_queue})")
+    parser.add_argument("--max-upload-mb", type=float, default=ServerSettings.max_upload_bytes / MIB,
+                        help=f"request body limit in MiB (default {ServerSettings.max_upload_bytes / MIB:g})")
+    parser.add_argument("--profiles-dir", default="voices", help="saved voices for /v1/audio/speech (default ./voices)")
+    add_engine_limits(parser)
+
+
+def build_studio(config, args: argparse.Namespace, **settings):
+    """The engine for ``config`` with the command's ``--device``/``--precision`` and ``EngineSettings`` fields.
+
+    A device named only by the config that this machine lacks falls back to auto with a printed notice
+    (``studio.device_notice``); a device given on the command line must exist.
+    """
+    from engine.options import EngineSettings
+    from engine.pipeline import Studio
+
+    if hasattr(args, "max_text_chars"):
+        settings.setdefault("max_text_chars", args.max_text_chars)
+    studio = Studio.from_config(config, device=getattr(args, "device", None),
+                                precision=getattr(args, "precision", None), settings=EngineSettings(**settings))
+    if studio.device_notice:
+        print(f"warning: {studio.device_notice}", file=sys.stderr)
+    return studio

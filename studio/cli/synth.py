@@ -1,0 +1,144 @@
+"""``sovits-studio synth``: clone a voice from the command line and write a wav file.
+
+Every sampling/mode option of :class:`engine.options.SynthesisOptions` is a flag with the same name
+(``--top-k`` for ``top_k``) and the same default; the pipeline does the validation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import fields
+
+_HIDDEN = {"streaming_mode"}  # exposed as --stream
+
+
+def _option_fields():
+    from engine.options import SynthesisOptions
+
+    return [f for f in fields(SynthesisOptions) if f.name not in _HIDDEN]
+
+
+def _bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--text", required=True, help="text to read (or @FILE to read it from a file)")
+    parser.add_argument("--text-lang", required=True, help="language of the text: zh, en, ja, ko, yue, auto, all_zh...")
+    parser.add_argument("--ref", required=True, help="reference clip (3-10 s)")
+    parser.add_argument("--ref-text", default="",
+                        help="transcript of the reference clip (empty: reference-free, v1/v2 only)")
+    parser.add_argument("--ref-lang", default="", help="language of the transcript")
+    parser.add_argument("--aux-ref", action="append", default=[], help="extra reference clip (repeatable)")
+    parser.add_argument("--out", required=True, help="output wav file")
+    from studio.cli.bootstrap import add_config_argument, add_device_arguments
+
+    add_config_argument(parser)
+    add_device_arguments(parser)
+    parser.add_argument("--gpt", default=None, help="GPT weights (.ckpt); default: from the config")
+    parser.add_argument("--sovits", default=None, help="SoVITS weights (.pth); default: from the config")
+    parser.add_argument("--t2s-decoder", default="auto", choices=("auto", "fast", "reference", "int8"),
+                        help="T2S decoder: auto (CUDA graphs on CUDA), fast, reference, or int8 (CPU, reduced precision)")
+    parser.add_argument("--stream", action="store_true",
+                        help="token-chunk streaming (streaming_mode): write chunks to the file as they come")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    from engine.options import SynthesisOptions
+
+    defaults = SynthesisOptions()
+    group = parser.add_argument_group("synthesis options (official TTS.run names and defaults)")
+    for f in _option_fields():
+        flag = "--" + f.name.replace("_", "-")
+        default = getattr(defaults, f.name)
+        if isinstance(default, bool):
+            kind = _bool
+        elif f.name == "early_stop_num":
+            kind = int
+        elif isinstance(default, int):
+            kind = int
+        elif isinstance(default, float):
+            kind = float
+        else:
+            kind = str
+        group.add_argument(flag, dest=f.name, type=kind, default=None, metavar=f.name.upper(),
+                           help=f"default: {default}")
+
+
+def _options(args: argparse.Namespace):
+    from engine.options import SynthesisOptions
+
+    chosen = {f.name: getattr(args, f.name) for f in _option_fields() if getattr(args, f.name) is not None}
+    if args.stream:
+        chosen["streaming_mode"] = True
+    return SynthesisOptions(**chosen)
+
+
+class _Progress:
+    """A one-line text progress bar on stderr (only for texts of several sentences)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled and sys.stderr.isatty()
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.enabled or total < 2:
+            return
+        width = 30
+        filled = int(width * done / total)
+        sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} sentences")
+        if done >= total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import soundfile as sf
+
+    from engine.errors import TextError
+    from engine.pipeline import Reference
+
+    text = args.text
+    if text.startswith("@"):
+        try:
+            with open(text[1:], encoding="utf-8") as fh:
+                text = fh.read()
+        except OSError as e:
+            raise TextError(f"--text {text}: cannot read the file ({e.strerror})") from e
+    options = _options(args)
+    from studio.cli.bootstrap import build_studio, load_engine_config
+
+    studio = build_studio(load_engine_config(args.config, required=True), args, t2s_decoder=args.t2s_decoder)
+    reference = Reference(args.ref, args.ref_text, args.ref_lang, tuple(args.aux_ref))
+    cloner = studio.cloner(gpt=args.gpt, sovits=args.sovits)
+    progress = _Progress(not args.no_progress)
+    results = cloner(text, args.text_lang, reference, options, on_progress=progress)
+    seconds, rate, chunks = 0.0, None, 0
+    writer = None
+    try:
+        for r in results:
+            if writer is None:
+                rate = r.sample_rate
+                writer = sf.SoundFile(args.out, "w", samplerate=rate, channels=1, subtype="PCM_16", format="WAV")
+            writer.write(r.pcm16())
+            if args.stream:
+                writer.flush()  # each chunk is on disk as soon as it is synthesised
+            seconds += r.audio.shape[0] / r.sample_rate
+            chunks += 1
+            seed = r.seed
+    except BaseException:
+        if writer is not None:  # a failed run leaves no half-written file behind
+            writer.close()
+            writer = None
+            Path(args.out).unlink(missing_ok=True)
+        raise
+    finally:
+        if writer is not None:
+            writer.close()
+    print(f"wrote {args.out}: {seconds:.2f} s at {rate} Hz ({chunks} chunk{'s' * (chunks != 1)}, seed {seed})")
+    return 0

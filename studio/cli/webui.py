@@ -1,0 +1,87 @@
+"""`sovits-studio webui`: the web page and the HTTP API on one port (the README's main command)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import threading
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from studio.cli.bootstrap import add_config_argument, add_device_arguments, add_server_arguments
+
+    add_config_argument(parser)
+    add_device_arguments(parser)
+    add_server_arguments(parser, port=9872, port_note="as the official TTS page")
+    parser.add_argument("--share", action="store_true", help="also open a public Gradio share link (72 h)")
+    parser.add_argument("--auth", default=None, metavar="USER:PASS|FILE",
+                        help="require a login: USER:PASS, or a file with one USER:PASS per line")
+
+
+def run(args: argparse.Namespace) -> int:
+    import logging
+
+    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+    from studio.cli.bootstrap import MIB, build_studio, load_engine_config
+    from studio.http.context import ServerSettings
+    from webui.app import UISettings
+    from webui.models_list import ModelCatalog
+    from webui.server import create_webui_app, parse_auth
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    auth = parse_auth(args.auth) if args.auth else None
+    config = load_engine_config(args.config, required=True)
+    catalog = ModelCatalog(config.base_dir, extra_dirs=tuple(
+        config.path(k).parent for k in ("t2s_weights_path", "vits_weights_path")))
+    roots = tuple(str(d) for d in catalog.folders)
+    studio = build_studio(config, args, weight_roots=roots)
+    notice = studio.device_notice[:1].upper() + studio.device_notice[1:]
+    server_settings = ServerSettings(weight_roots=roots, profiles_dir=args.profiles_dir, max_queue=args.max_queue,
+                                     max_upload_bytes=int(args.max_upload_mb * MIB), workers=args.workers,
+                                     max_tokens_per_sentence=args.max_tokens_per_sentence)
+    ui = UISettings(max_tokens_per_sentence=args.max_tokens_per_sentence, notice=notice)
+    print("listing weight files...", file=sys.stderr)
+    app = create_webui_app(studio, config, ui, server_settings, auth, concurrency=args.workers,
+                           max_queue=args.max_queue, catalog=catalog)
+    return _run(app, args.host, args.port, share=args.share, protected=bool(auth))
+
+
+def _run(app, host: str, port: int, share: bool, protected: bool) -> int:
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                           timeout_graceful_shutdown=5))  # open page streams do not block Ctrl+C
+    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
+    thread.start()
+    while not server.started:
+        if not thread.is_alive():
+            print(f"error: the server could not start on {host}:{port} (port in use?)", file=sys.stderr)
+            return 1
+        thread.join(0.1)
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    print(f"SoVITS Studio is running: http://{shown}:{port}/  (HTTP API on the same port: /tts, "
+          f"/v1/audio/speech, /docs)", flush=True)
+    if share:
+        print(_share_link("127.0.0.1", port, protected), flush=True)
+    try:
+        while thread.is_alive():
+            thread.join(0.5)
+    except KeyboardInterrupt:
+        server.should_exit = True
+        thread.join(10)
+    return 0
+
+
+def _share_link(host: str, port: int, protected: bool) -> str:
+    """Open Gradio's share tunnel to the local server; the public URL, or why there is none."""
+    import secrets
+
+    from gradio.networking import setup_tunnel
+
+    try:
+        url = setup_tunnel(host, port, secrets.token_urlsafe(32), None, None)
+    except Exception as e:  # noqa: BLE001 - any failure here only means "no public link"
+        return f"warning: no share link ({type(e).__name__}: {e}); the page is still served locally"
+    warning = "" if protected else "  (anyone with the link can use it: add --auth USER:PASS)"
+    return f"Public link (72 h): {url}{warning}"

@@ -1,0 +1,173 @@
+"""Blocking synthesis off the event loop: a bounded queue in front of a fixed pool of worker threads.
+
+Responsibilities: (1) admit at most ``workers + max_queue`` jobs (the rest get :class:`ServerBusyError`
+at once, never an unbounded backlog); (2) run each job on a worker thread and hand its outcome, or
+its results one by one for streaming, back to the asyncio side with backpressure and cancellation.
+A cancelled stream (client gone) stops its producer at the next result and closes its iterator, so
+the pipeline's ``finally`` blocks free what the request took.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Generic, TypeVar
+
+from engine.errors import EngineError
+
+T = TypeVar("T")
+_END = object()
+
+
+class ServerBusyError(EngineError, RuntimeError):
+    """Every worker is busy and the queue is full: retry later."""
+
+
+class SynthesisRunner:
+    """A fixed pool of worker threads with a bounded admission count. ``queue_length`` is the number
+    of admitted jobs not yet started; ``running`` the number being computed."""
+
+    def __init__(self, workers: int, max_queue: int,
+                 on_start: Callable[[], None] | None = None, on_end: Callable[[], None] | None = None) -> None:
+        if workers < 1 or max_queue < 0:
+            raise ValueError("workers must be >= 1 and max_queue >= 0")
+        self.workers, self.max_queue = workers, max_queue
+        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="synthesis")
+        self._slots = threading.BoundedSemaphore(workers + max_queue)
+        self._lock = threading.Lock()
+        self._waiting = 0
+        self._running = 0
+        self._on_start, self._on_end = on_start, on_end
+
+    @property
+    def queue_length(self) -> int:
+        return self._waiting
+
+    @property
+    def running(self) -> int:
+        return self._running
+
+    def submit(self, fn: Callable[..., T], *args: Any) -> Future:
+        """Queue ``fn(*args)`` or raise ServerBusyError when ``workers + max_queue`` jobs are admitted."""
+        if not self._slots.acquire(blocking=False):
+            raise ServerBusyError(
+                f"the server is busy ({self.workers} running, {self.max_queue} queued); retry in a moment")
+        with self._lock:
+            self._waiting += 1
+
+        def job() -> T:
+            with self._lock:
+                self._waiting -= 1
+                self._running += 1
+            if self._on_start:
+                self._on_start()
+            try:
+                return fn(*args)
+            finally:
+                with self._lock:
+                    self._running -= 1
+                if self._on_end:
+                    self._on_end()
+                self._slots.release()
+
+        try:
+            return self._executor.submit(job)
+        except RuntimeError:  # shut down
+            with self._lock:
+                self._waiting -= 1
+            self._slots.release()
+            raise ServerBusyError("the server is shutting down") from None
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run a blocking call on a worker and await its result (exceptions propagate)."""
+        return await asyncio.wrap_future(self.submit(fn, *args))
+
+    async def stream(self, start: Callable[[], Iterator[T]], max_pending: int = 8) -> "ResultStream[T]":
+        """Start ``start()`` on a worker. Returns once it has either raised (the error propagates here,
+        before any response is sent) or produced its iterator; then iterate the stream."""
+        stream: ResultStream[T] = ResultStream(asyncio.get_running_loop(), max_pending)
+        self.submit(stream.produce, start)
+        await stream.wait_started()
+        return stream
+
+    def shutdown(self, wait: bool = False) -> None:
+        self._executor.shutdown(wait=wait, cancel_futures=True)
+
+
+class ResultStream(Generic[T]):
+    """Items made on a worker thread, consumed on the event loop. At most ``max_pending`` items wait
+    unconsumed (the producer blocks beyond that); :meth:`cancel` stops the producer."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, max_pending: int = 8) -> None:
+        self._loop = loop
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self._room = threading.Semaphore(max_pending)
+        self._cancelled = threading.Event()
+        self._started: asyncio.Future = loop.create_future()
+
+    # ---- worker side -----------------------------------------------------------------------
+    def _call(self, fn: Callable[..., Any], *args: Any) -> None:
+        try:
+            self._loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the loop is closed: nobody listens any more
+            self._cancelled.set()
+
+    def _settle(self, error: BaseException | None) -> None:
+        def settle() -> None:
+            if self._started.done():
+                return
+            if error is None:
+                self._started.set_result(None)
+            else:
+                self._started.set_exception(error)
+
+        self._call(settle)
+
+    def produce(self, start: Callable[[], Iterator[T]]) -> None:
+        try:
+            items = start()
+        except BaseException as e:  # noqa: BLE001 - handed to the awaiting request
+            self._settle(e)
+            return
+        self._settle(None)
+        try:
+            for item in items:
+                while not self._room.acquire(timeout=0.1):
+                    if self._cancelled.is_set():
+                        return
+                if self._cancelled.is_set():
+                    return
+                self._call(self._queue.put_nowait, item)
+            self._call(self._queue.put_nowait, _END)
+        except BaseException as e:  # noqa: BLE001 - raised again on the consumer side
+            self._call(self._queue.put_nowait, e)
+        finally:
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()  # runs the pipeline's finally blocks (per-request state freed)
+
+    # ---- event-loop side -------------------------------------------------------------------
+    async def wait_started(self) -> None:
+        try:
+            await self._started
+        except asyncio.CancelledError:
+            self.cancel()
+            raise
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+
+    async def __aiter__(self) -> AsyncIterator[T]:
+        try:
+            while True:
+                item = await self._queue.get()
+                if item is _END:
+                    return
+                self._room.release()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            self.cancel()

@@ -1,0 +1,387 @@
+"""The synthesis pipeline end to end on tiny random weights of every version: order, lengths, sample
+rates, seeds, caching, streaming, bad input. Decoding is bounded with ``early_stop_num`` to stay fast.
+
+Expected lengths come from the official relations (spec §9.3-§9.6): v1/v2/v2Pro* give
+``2 * prod(upsample_rates)`` samples per semantic token (1280 with the official dims), v3
+``floor(2N * 1.875) * 256``, v4 ``2N * 2 * 480``; every sentence is followed by
+``int(32000 * fragment_interval)`` zeros (the SoVITS rate, even for v3/v4).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+import tests.support.synth as sup
+from engine.acoustic.streaming import chunk_tokens
+from engine.errors import (
+    EngineError,
+    OptionsError,
+    ReferenceAudioError,
+    TextError,
+    UnsupportedLanguageError,
+)
+from engine.options import SynthesisOptions
+from engine.pipeline import Reference, Result, VoiceCloner, bucket_batches, join
+from engine.reference_cache import ReferenceCache
+from engine.t2s.decoding import T2SOutput
+
+FAST = SynthesisOptions(seed=11, early_stop_num=12, sample_steps=2, text_split_method="cut5")
+TWO_SENTENCES = "Good morning my friend. See you again soon."
+
+
+def reference(pitch: float = 140.0, seed: int = 0, text: str = sup.REF_TEXT) -> Reference:
+    return Reference(sup.wav_bytes(sup.clip(pitch=pitch, seed=seed)), text, "en")
+
+
+def expected_samples(models, n_tokens: int, speed: float = 1.0) -> int:
+    """Samples SoVITS/vocoder produce for n tokens (official relations, see the module docstring)."""
+    if models.version == "v3":
+        return math.floor(2 * n_tokens * 1.875) * 256
+    if models.version == "v4":
+        return 2 * n_tokens * 2 * 480
+    up = math.prod(models.sovits.dims.upsample_rates)
+    frames = 2 * n_tokens if speed == 1.0 else int(2 * n_tokens / speed) + 1
+    return frames * up
+
+
+def check_order(results: list[Result]) -> None:
+    assert [r.index for r in results] == list(range(len(results)))
+    assert [r.is_last for r in results] == [False] * (len(results) - 1) + [True]
+    assert [r.sentence for r in results] == sorted(r.sentence for r in results)
+
+
+@pytest.mark.parametrize("version", sup.VERSIONS)
+def test_every_version_end_to_end(version):
+    cloner = sup.studio(version).cloner()
+    # v3/v4: the sequential CFM path here (the batched one pads every window to ~500 frames, slow on
+    # a CPU); test_v3_v4_streaming_falls_back_to_whole_sentences runs the batched path.
+    opts = FAST.replace(batch_size=2, parallel_infer=version not in ("v3", "v4"))
+    results = list(cloner(TWO_SENTENCES, "en", reference(), opts))
+    check_order(results)
+    assert len(results) == 2 and [r.sentence for r in results] == [0, 1]
+    gap = int(32000 * opts.fragment_interval)
+    for r in results:
+        assert r.sample_rate == sup.OUTPUT_RATE[version] == cloner.models.output_sample_rate
+        assert r.audio.dtype == np.float32 and r.audio.ndim == 1 and np.abs(r.audio).max() <= 1.0
+        assert len(r.tokens) >= 1 and r.seed == 11 and r.phones
+        assert r.audio.shape[0] == expected_samples(cloner.models, len(r.tokens)) + gap
+        assert not r.audio[-gap:].any()  # the fragment interval is silence
+        assert r.audio[:-gap].any()
+    again = list(cloner(TWO_SENTENCES, "en", reference(), opts))
+    for a, b in zip(results, again):  # same seed, same audio
+        np.testing.assert_array_equal(a.audio, b.audio)
+        assert a.tokens == b.tokens
+    rate, audio = join(results)
+    assert rate == sup.OUTPUT_RATE[version] and audio.shape[0] == sum(r.audio.shape[0] for r in results)
+
+
+def test_random_seed_is_reported_and_reproduces():
+    cloner = sup.studio("v2").cloner()
+    first = list(cloner("Nice to meet you.", "en", reference(), FAST.replace(seed=-1)))
+    seed = first[0].seed
+    assert 0 <= seed <= 2**32 - 1
+    again = list(cloner("Nice to meet you.", "en", reference(), FAST.replace(seed=seed)))
+    np.testing.assert_array_equal(join(first)[1], join(again)[1])
+    other = list(cloner("Nice to meet you.", "en", reference(), FAST.replace(seed=seed + 1)))
+    assert not np.array_equal(join(first)[1], join(other)[1])
+
+
+def test_bucketing_restores_the_sentence_order():
+    cloner = sup.studio("v2").cloner()
+    text = ("A very long first sentence, with many many words in it. Hi there. Short one. "
+            "Another rather long sentence here.")
+    opts = FAST.replace(batch_size=3, split_bucket=True, early_stop_num=11)
+    sentences = cloner.split(text, "en", opts)
+    results = list(cloner(text, "en", reference(), opts))
+    check_order(results)
+    assert [r.sentence for r in results] == list(range(len(sentences))) and len(sentences) == 5
+    lens = [len(r.text) for r in results]
+    assert bucket_batches(lens, 3, 0.75, True) != [[0, 1, 2], [3]]  # the buckets really were reordered
+
+
+def test_bucket_batches_matches_the_official_grouping():
+    # hand-worked from the official to_batch: sort by length, shrink a window from the right until
+    # len[middle] / mean >= threshold
+    assert bucket_batches([5, 50, 6, 48], 2, 0.75, True) == [[0, 2], [3, 1]]
+    assert bucket_batches([1, 10, 10], 3, 0.75, True) == [[0, 1, 2]]  # 10 / 7 >= 0.75
+    assert bucket_batches([10, 1, 1], 3, 0.75, True) == [[1, 2], [0]]  # 1 / 4 < 0.75 -> shrink
+    assert bucket_batches([3, 2, 1, 4], 2, 0.75, False) == [[0, 1], [2, 3]]
+
+
+def test_speed_factor_stretches_each_sentence():
+    cloner = sup.studio("v2").cloner()
+    opts = FAST.replace(speed_factor=1.5)
+    results = list(cloner("Nice to meet you.", "en", reference(), opts))
+    gap = int(32000 * 0.3)
+    for r in results:
+        assert r.audio.shape[0] == expected_samples(cloner.models, len(r.tokens), 1.5) + gap
+
+
+def test_streaming_chunks_in_order_and_reproducible():
+    cloner = sup.studio("v2").cloner()
+    opts = FAST.replace(streaming_mode=True, min_chunk_length=4, early_stop_num=16, fixed_length_chunk=True)
+    results = list(cloner("Nice to meet you.", "en", reference(), opts))
+    check_order(results)
+    speech = [r for r in results if r.kind == "speech"]
+    assert len(speech) >= 3 and results[-1].kind == "silence"
+    assert results[-1].audio.shape[0] == int(32000 * 0.3) and not results[-1].audio.any()
+    assert all(len(r.tokens) == 4 for r in speech[:-1])  # fixed-length chunks of min_chunk_length tokens
+    assert all(r.audio.shape[0] > 0 for r in speech)
+    again = list(cloner("Nice to meet you.", "en", reference(), opts))
+    np.testing.assert_array_equal(join(results)[1], join(again)[1])
+    mute = list(cloner("Nice to meet you.", "en", reference(), opts.replace(fixed_length_chunk=False)))
+    check_order(mute)
+    assert mute[-1].kind == "silence"
+
+
+def test_v3_v4_streaming_falls_back_to_whole_sentences():
+    cloner = sup.studio("v4").cloner()
+    results = list(cloner("Nice to meet you.", "en", reference(), FAST.replace(streaming_mode=True)))
+    assert len(results) == 1 and results[0].kind == "speech"
+
+
+def _steps(tokens, stop):
+    """A fake ``naive_steps``: yields kept tokens, returns the T2SOutput."""
+    yield from tokens
+    return T2SOutput(tokens=torch.tensor(tokens), steps=len(tokens), stop=stop, sequence=torch.tensor(tokens))
+
+
+def test_chunk_tokens_splits_at_mute_pairs_like_the_official_loop():
+    sim = torch.full((1025,), -0.5)
+    sim[486] = 1.0
+    toks = [1, 2, 3, 4, 486, 486, 5, 6, 7, 8]
+    chunks = list(chunk_tokens(_steps(toks, "eos"), 4, sim))
+    # after 6 tokens (chunk_length + 2): scores [-1,-1,-1,-1,1,1] -> pairs [-2,-2,-2,0,2,1]; best pair
+    # starts at 4 (>= chunk_length - 1): all 6 pending tokens go out, 5 are consumed, 486 is pending again.
+    assert chunks[0] == ([1, 2, 3, 4, 486, 486], False)
+    # nothing scores >= 0 at a split point >= 4 later on; the rest comes with the final chunk
+    assert chunks[-1] == ([486, 5, 6, 7, 8], True) and len(chunks) == 2
+
+
+def test_chunk_tokens_fixed_length_and_final_none():
+    chunks = list(chunk_tokens(_steps(list(range(8)), "eos"), 4, None))
+    assert chunks == [([0, 1, 2, 3], False), ([4, 5, 6, 7], False), (None, True)]
+    # a token on the early-stop step is not checked for a chunk: it goes out with the final one
+    chunks = list(chunk_tokens(_steps(list(range(8)), "early_stop"), 4, None))
+    assert chunks == [([0, 1, 2, 3], False), ([4, 5, 6, 7], True)]
+
+
+def test_reference_cache_hits_and_evictions():
+    models = sup.studio("v2").cloner().models
+    cache = ReferenceCache(max_entries=1, max_bytes=1 << 30)
+    cloner = VoiceCloner(models, cache)
+    a, b = reference(140.0, 0), reference(190.0, 1)
+    list(cloner("Hello.", "en", a, FAST))
+    list(cloner("Bye now.", "en", a, FAST))
+    assert (cache.stats().misses, cache.stats().hits) == (1, 1)
+    list(cloner("Hello.", "en", b, FAST))
+    assert (cache.stats().misses, cache.stats().evictions, len(cache)) == (2, 1, 1)
+    list(cloner("Hello.", "en", Reference(a.audio, "Another transcript.", "en"), FAST))
+    assert cache.stats().misses == 3  # the transcript is part of the key
+    assert cache.nbytes > 0
+
+
+def test_prepared_reference_does_not_depend_on_how_the_clip_is_given(tmp_path):
+    cloner = VoiceCloner(sup.studio("v2").cloner().models, ReferenceCache())
+    path = tmp_path / "ref.wav"
+    data = sup.wav_bytes(sup.clip())
+    path.write_bytes(data)
+    p1 = cloner.prepare(Reference(str(path), sup.REF_TEXT, "en"))
+    p2 = cloner.prepare(Reference(data, sup.REF_TEXT, "en"))
+    assert p1 is p2  # same bytes, same key
+
+
+def test_reference_free_and_aux_references():
+    cloner = sup.studio("v2").cloner()
+    free = list(cloner("Nice to meet you.", "en", Reference(sup.wav_bytes(sup.clip())), FAST))
+    assert free and free[-1].is_last
+    plain = join(cloner("Nice to meet you.", "en", reference(), FAST))[1]
+    aux_ref = Reference(reference().audio, sup.REF_TEXT, "en", (sup.wav_bytes(sup.clip(pitch=220.0, seed=4)),))
+    mixed = join(cloner("Nice to meet you.", "en", aux_ref, FAST))[1]
+    assert not np.array_equal(plain, mixed)  # the aux style vector is averaged in
+    with pytest.raises(OptionsError, match="prompt_text"):
+        list(sup.studio("v3").cloner()("Nice to meet you.", "en", Reference(sup.wav_bytes(sup.clip())), FAST))
+
+
+def test_progress_callback():
+    cloner = sup.studio("v2").cloner()
+    calls = []
+    list(cloner(TWO_SENTENCES, "en", reference(), FAST, on_progress=lambda d, t: calls.append((d, t))))
+    assert calls == [(1, 2), (2, 2)]
+
+
+def test_concurrent_requests_match_sequential_ones():
+    cloner = sup.studio("v2").cloner()
+    jobs = [(reference(120.0 + 30 * i, i), FAST.replace(seed=100 + i)) for i in range(3)]
+    alone = [join(cloner("Nice to meet you.", "en", ref, opts))[1] for ref, opts in jobs]
+    got: dict[int, np.ndarray] = {}
+
+    def work(i):
+        ref, opts = jobs[i]
+        got[i] = join(cloner("Nice to meet you.", "en", ref, opts))[1]
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(jobs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, audio in enumerate(alone):
+        np.testing.assert_array_equal(got[i], audio)
+
+
+def test_memory_pressure_degrades_to_cpu():
+    from engine.memory import MemoryReading
+    from engine.pipeline import Studio
+    from engine.runtime import Runtime
+
+    shared = sup.studio("v2")
+    gpu_like = Runtime(device=torch.device("cuda", 0))  # never used: the guard sends the request to the CPU
+    studio = Studio(shared.default_weights, gpu_like, pool=shared.pool,
+                    memory_reader=lambda device: MemoryReading(99, 100))
+    results = list(studio.synthesize("Nice to meet you.", "en", reference(), FAST))
+    assert results and studio.memory.decisions["cpu"] == 1
+
+
+def test_pcm16_and_join():
+    r = Result(audio=np.array([0.5, -1.0, 1.0, 0.0], dtype=np.float32), sample_rate=32000, text="", phones=(),
+               index=0, sentence=0, is_last=True, seed=0)
+    assert r.pcm16().tolist() == [16384, -32768, 32767, 0]  # +1.0 is clipped (the official cast wraps)
+    with pytest.raises(EngineError):
+        join([])
+
+
+# ---- bad input -------------------------------------------------------------------------------
+
+
+def short_clip() -> bytes:
+    return sup.wav_bytes(sup.clip(seconds=1.0))
+
+
+BAD_INPUT = [
+    ("text_lang", dict(text_lang="xx"), UnsupportedLanguageError, "text_lang"),
+    ("prompt_lang", dict(ref=Reference(sup.wav_bytes(sup.clip()), sup.REF_TEXT, "xx")), UnsupportedLanguageError,
+     "prompt_lang"),
+    ("empty text", dict(text=""), TextError, "text is empty"),
+    ("blank text", dict(text="  \n "), TextError, "text is empty"),
+    ("huge text", dict(text="word " * 3000), TextError, "at most"),
+    ("only punctuation", dict(text="。。。!!!"), TextError, "nothing to say"),
+    ("missing file", dict(ref=Reference("/nonexistent/ref.wav", sup.REF_TEXT, "en")), ReferenceAudioError,
+     "not found"),
+    ("unreadable", dict(ref=Reference(b"RIFF not really a wav", sup.REF_TEXT, "en")), ReferenceAudioError, "read"),
+    ("too short", dict(ref=Reference(short_clip(), sup.REF_TEXT, "en")), ReferenceAudioError, "too short"),
+    ("silent", dict(ref=Reference(sup.wav_bytes(np.zeros(24000 * 4, np.float32)), sup.REF_TEXT, "en")),
+     ReferenceAudioError, "silent"),
+    ("options type", dict(options={"top_k": 5}), OptionsError, "SynthesisOptions"),
+    ("text type", dict(text=b"bytes"), TextError, "string"),
+]
+
+
+@pytest.mark.parametrize("case,change,error,match", BAD_INPUT, ids=[c[0] for c in BAD_INPUT])
+def test_bad_input_is_refused_with_the_field_named(case, change, error, match):
+    cloner = VoiceCloner(sup.studio("v2").cloner().models, ReferenceCache())
+    kwargs = dict(text="Nice to meet you.", text_lang="en", ref=reference(), options=FAST)
+    kwargs.update(change)
+    with pytest.raises(error, match=match):
+        list(cloner(kwargs["text"], kwargs["text_lang"], kwargs["ref"], kwargs["options"]))
+    assert len(cloner.cache) == 0  # nothing half-prepared is kept
+
+
+def test_reference_needs_prompt_lang_with_text():
+    with pytest.raises(OptionsError, match="prompt_lang"):
+        Reference(b"x", "some transcript", "")
+    with pytest.raises(ReferenceAudioError, match="ref_audio_path"):
+        Reference("")
+
+
+def test_results_are_released_as_soon_as_they_are_made():
+    cloner = sup.studio("v2").cloner()
+    calls = []
+    stream = cloner("Nice to meet you.", "en", reference(),
+                    FAST.replace(streaming_mode=True, min_chunk_length=4, early_stop_num=16, fixed_length_chunk=True),
+                    on_progress=lambda d, t: calls.append(d))
+    first = next(stream)
+    assert first.kind == "speech" and not first.is_last and calls == []  # the sentence is still being decoded
+    rest = list(stream)
+    assert rest[-1].is_last and calls == [1]
+    calls.clear()
+    fragments = cloner(TWO_SENTENCES, "en", reference(), FAST.replace(return_fragment=True),
+                       on_progress=lambda d, t: calls.append(d))
+    assert next(fragments).sentence == 0 and calls == [1]  # sentence 1 not synthesised yet
+    assert [r.is_last for r in fragments] == [True]
+
+
+def test_streaming_without_fragment_silence_marks_the_last_chunk():
+    cloner = sup.studio("v2").cloner()
+    results = list(cloner("Nice to meet you.", "en", reference(),
+                          FAST.replace(streaming_mode=True, min_chunk_length=4, early_stop_num=16,
+                                       fragment_interval=0.0)))
+    check_order(results)
+    assert all(r.kind == "speech" for r in results)
+
+
+@pytest.mark.parametrize("version", ["v2", "v2Pro"])
+@pytest.mark.parametrize("speed", [1.0, 1.3])
+def test_decode_streaming_without_crop_equals_decode(version, speed):
+    """decode_streaming re-runs enc_p with the streaming crop; uncropped it must be the model's own decode."""
+    from engine.acoustic.streaming import decode_streaming
+
+    models = sup.studio(version).cloner().models
+    cloner = VoiceCloner(models, ReferenceCache())
+    ref = cloner.prepare(reference())
+    codes = torch.randint(0, 1024, (1, 1, 14), generator=torch.Generator().manual_seed(1))
+    phones = torch.randint(1, 300, (1, 9), generator=torch.Generator().manual_seed(2))
+    sv = list(ref.sv) if ref.sv is not None else None
+    want = models.sovits.decode(codes, phones, list(ref.specs), speed=speed, sv_emb=sv,
+                                generator=torch.Generator().manual_seed(5))
+    got, latent = decode_streaming(models.sovits, codes, phones, list(ref.specs), sv, speed=speed,
+                                   generator=torch.Generator().manual_seed(5))
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert latent.shape[-1] == 2 * 14  # the latent before the speed change, at 50 Hz
+    # cropped: only the last frames are synthesised
+    part, _ = decode_streaming(models.sovits, codes, phones, list(ref.specs), sv, result_length=4,
+                               overlap_frames=latent[:, :, -4:], generator=torch.Generator().manual_seed(5))
+    assert part.shape[-1] == 2 * 4 * math.prod(models.sovits.dims.upsample_rates)
+
+
+def test_a_request_closed_early_frees_its_state():
+    """A client that goes away closes the iterator: decoding stops there and the next request runs normally."""
+    cloner = sup.studio("v2").cloner()
+    opts = FAST.replace(streaming_mode=True, min_chunk_length=4, early_stop_num=40, fixed_length_chunk=True)
+    calls = []
+    stream = cloner("Nice to meet you.", "en", reference(), opts, on_progress=lambda d, t: calls.append(d))
+    next(stream)
+    stream.close()
+    assert calls == []  # the sentence was never finished
+    with pytest.raises(StopIteration):
+        next(stream)
+    full = list(cloner("Nice to meet you.", "en", reference(), opts))
+    assert full[-1].is_last
+
+
+def test_batch_is_voiced_in_one_decode_and_cut_at_token_boundaries():
+    """Official §9.3 step 6 (speed 1): the batch's tokens and phones are concatenated, decoded once, and the
+    waveform is cut back at len_i * 2 * prod(upsample_rates) samples."""
+    from engine.options import resolve_plan
+    from engine.pipeline import _Sentence
+
+    cloner = VoiceCloner(sup.studio("v2").cloner().models, ReferenceCache())
+    m = cloner.models
+    ref = cloner.prepare(reference())
+    g = torch.Generator().manual_seed(0)
+    items = [_Sentence(i, tuple(torch.randint(1, 300, (n,), generator=g).tolist()), torch.zeros(1, n), "x")
+             for i, n in enumerate((7, 12))]
+    outs = [T2SOutput(tokens=torch.randint(0, 1024, (n,), generator=g), steps=n, stop="eos",
+                      sequence=torch.zeros(0)) for n in (9, 5)]
+    opts = SynthesisOptions()
+    pieces = cloner._acoustic(items, outs, ref, opts, resolve_plan(opts, m.version), torch.Generator().manual_seed(3))
+    whole = m.sovits.decode(torch.cat([o.tokens for o in outs]).view(1, 1, -1),
+                            torch.tensor(items[0].phones + items[1].phones).view(1, -1), list(ref.specs),
+                            generator=torch.Generator().manual_seed(3))[0, 0]
+    up = 2 * math.prod(m.sovits.dims.upsample_rates)
+    assert [p.shape[0] for p in pieces] == [9 * up, 5 * up]
+    torch.testing.assert_close(torch.cat(pieces), whole, rtol=0, atol=0)

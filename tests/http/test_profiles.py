@@ -1,0 +1,71 @@
+"""Saved voice profiles: round trip, name validation, no paths outside a profile's folder, size caps."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from engine.errors import OptionsError, ReferenceAudioError
+from studio.http.profiles import ProfileExistsError, ProfileNotFoundError, ProfileStore
+
+
+def _wav(seconds: float = 0.5, sr: int = 16000) -> bytes:
+    buf = io.BytesIO()
+    sf.write(buf, (0.1 * np.sin(np.arange(int(seconds * sr)) * 0.05)).astype(np.float32), sr, format="WAV")
+    return buf.getvalue()
+
+
+def test_save_get_list_delete(tmp_path) -> None:
+    store = ProfileStore(tmp_path / "voices")
+    assert store.names() == []
+    p = store.save("alice_01", _wav(), "你好世界。", "zh")
+    assert p.audio_path.read_bytes() == _wav() and p.prompt_lang == "zh" and p.prompt_text == "你好世界。"
+    assert store.get("alice_01") == p and store.names() == ["alice_01"] and store.list() == [p]
+    with pytest.raises(ProfileExistsError):
+        store.save("alice_01", _wav(), "x", "en")
+    store.save("alice_01", _wav(1.0), "hello.", "en", overwrite=True)
+    assert store.get("alice_01").prompt_lang == "en"
+    store.delete("alice_01")
+    with pytest.raises(ProfileNotFoundError, match="no saved voice named 'alice_01'"):
+        store.get("alice_01")
+    assert not any((tmp_path / "voices").iterdir())  # no staging leftovers
+
+
+@pytest.mark.parametrize("name", ["", "../x", "a/b", ".hidden", "x" * 65, "a b", "..", "con.", "a\\b"])
+def test_bad_names_are_refused(tmp_path, name) -> None:
+    store = ProfileStore(tmp_path)
+    with pytest.raises(OptionsError, match="voice: .* is not a valid voice name"):
+        store.get(name)
+    with pytest.raises(OptionsError, match="not a valid voice name"):
+        store.save(name, _wav(), "x", "en")
+
+
+def test_bad_uploads_are_refused(tmp_path) -> None:
+    store = ProfileStore(tmp_path, max_audio_bytes=10_000)
+    with pytest.raises(OptionsError, match="audio: the clip is .* bytes; the limit is 10000"):
+        store.save("big", _wav(1.0), "x", "en")
+    with pytest.raises(ReferenceAudioError, match="audio: not a readable audio file"):
+        store.save("junk", b"not audio at all", "x", "en")
+    with pytest.raises(OptionsError, match="prompt_lang: 'klingon'"):
+        store.save("lang", _wav(0.1), "x", "klingon")
+    with pytest.raises(OptionsError, match="not accepted"):
+        store.save("exe", _wav(0.1), "x", "en", suffix=".exe")
+    assert store.names() == []
+
+
+def test_a_profile_cannot_point_outside_its_folder(tmp_path) -> None:
+    secret = tmp_path / "secret.wav"
+    secret.write_bytes(_wav())
+    folder = tmp_path / "voices" / "evil"
+    folder.mkdir(parents=True)
+    (folder / "profile.json").write_text(json.dumps({"audio": "../../secret.wav", "prompt_lang": "en"}))
+    with pytest.raises(OptionsError, match="plain file name inside the profile folder"):
+        ProfileStore(tmp_path / "voices").get("evil")
+    (folder / "profile.json").write_text("{broken")
+    with pytest.raises(OptionsError, match="not valid JSON"):
+        ProfileStore(tmp_path / "voices").get("evil")
+    assert ProfileStore(tmp_path / "voices").list() == []  # listings skip broken folders

@@ -1,0 +1,198 @@
+"""`sovits-studio download`: what each version needs, the official layout, resumption, verification,
+and the offline message. The hub is never contacted: `hf_hub_download` is replaced by a fake that
+writes files the way the real client does (``local_dir/filename``), or the real client runs with
+``HF_HUB_OFFLINE=1``."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import zipfile
+from pathlib import Path, PurePosixPath
+
+import pytest
+
+from engine.config import VERSIONS
+from engine.data import load_json
+from engine.loading import download as dl
+from studio.cli import main as cli_main
+
+
+def _content(repo_id: str, filename: str) -> bytes:
+    return f"{repo_id}/{filename}\n".encode() * 3000  # > 8 KiB, distinct per file
+
+
+class FakeHub:
+    """Stands in for huggingface_hub: records calls, writes files where the real client does."""
+
+    def __init__(self, monkeypatch, content=_content, fail_on: set[str] | None = None, error: Exception | None = None,
+                 sha: dict[str, str] | None = None):
+        import huggingface_hub
+
+        self.calls: list[str] = []
+        self.content, self.fail_on, self.error, self.sha = content, fail_on or set(), error, sha or {}
+        monkeypatch.setattr(huggingface_hub, "hf_hub_download", self.hf_hub_download)
+        monkeypatch.setattr(huggingface_hub, "get_hf_file_metadata", self.get_hf_file_metadata)
+
+    def hf_hub_download(self, repo_id, filename, revision=None, local_dir=None, **_):
+        self.calls.append(f"{repo_id}/{filename}")
+        if self.error is not None and (not self.fail_on or filename in self.fail_on):
+            raise self.error
+        out = Path(local_dir) / filename
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_bytes(self.content(repo_id, filename))
+        return str(out)
+
+    def get_hf_file_metadata(self, url, **_):
+        name = url.split("/resolve/main/", 1)[1]
+        return type("Meta", (), {"etag": f'"{self.sha.get(name, "abc123")}"', "size": None})()
+
+
+def _with_fake_md5(assets):
+    # the official md5 heads cannot be produced by fake bytes: expect the fake content's instead
+    return [dataclasses.replace(a, md5_head=hashlib.md5(_content(a.repo_id, a.filename)[:8192]).hexdigest())
+            if a.md5_head else a for a in assets]
+
+
+def test_every_version_gets_the_files_the_official_config_names() -> None:
+    """The targets are exactly the paths of the official TTS_Config.default_configs (spec §1, §2.1)."""
+    defaults = load_json("tts_infer_default.json")["TTS_Config.default_configs"]
+    for version in VERSIONS:
+        targets = {str(a.target) for a in dl.assets_for([version])}
+        folders = {str(PurePosixPath(t).parent) for t in targets}
+        section = defaults[version]
+        assert section["t2s_weights_path"] in targets, version
+        assert section["vits_weights_path"] in targets, version
+        assert section["bert_base_path"] in folders and section["cnhuhbert_base_path"] in folders, version
+    assert "GPT_SoVITS/pretrained_models/sv/pretrained_eres2netv2w24s4ep4.ckpt" in {
+        str(a.target) for a in dl.assets_for(["v2ProPlus"])}
+    assert {str(a.target) for a in dl.assets_for(["v3"])} >= {
+        f"{dl.BIGVGAN_FOLDER}/config.json", f"{dl.BIGVGAN_FOLDER}/bigvgan_generator.pt"}
+    assert "GPT_SoVITS/pretrained_models/gsv-v4-pretrained/vocoder.pth" in {str(a.target) for a in dl.assets_for(["v4"])}
+    # shared files are listed once
+    both = dl.assets_for(["v3", "v4"])
+    assert len(both) == len(set(both))
+
+
+def test_md5_heads_are_the_official_version_table() -> None:
+    from engine.loading.checkpoints import PRETRAINED_MD5
+
+    heads = {a.md5_head for assets in dl.ASSETS.values() for a in assets if a.md5_head}
+    assert heads == set(PRETRAINED_MD5)
+
+
+def test_unknown_version_is_refused() -> None:
+    with pytest.raises(dl.DownloadError, match="--version: unknown version 'v9'"):
+        dl.assets_for(["v9"])
+
+
+def test_download_into_the_official_layout_then_nothing_twice(tmp_path, monkeypatch) -> None:
+    hub = FakeHub(monkeypatch)
+    assets = _with_fake_md5(dl.assets_for(["v2", "v2Pro"]))
+    report = dl.download(tmp_path, assets, log=lambda _: None)
+    assert len(report.fetched) == len(assets) and not report.missing
+    for a in assets:
+        assert (tmp_path / a.target).read_bytes() == _content(a.repo_id, a.filename)
+    assert (tmp_path / "GPT_SoVITS/pretrained_models/gsv-v2final-pretrained/s2G2333k.pth").is_file()
+    # a second run (or a resumed one) fetches only what is missing
+    (tmp_path / assets[-1].target).unlink()
+    hub.calls.clear()
+    report = dl.download(tmp_path, assets, log=lambda _: None)
+    assert hub.calls == [f"{assets[-1].repo_id}/{assets[-1].filename}"]
+    assert len(report.present) == len(assets) - 1
+
+
+def test_a_file_that_is_not_the_official_one_is_removed_and_named(tmp_path, monkeypatch) -> None:
+    FakeHub(monkeypatch)
+    assets = dl.assets_for(["v2"])  # the real md5 heads: fake bytes can never match them
+    with pytest.raises(dl.DownloadError) as err:
+        dl.download(tmp_path, assets, log=lambda _: None)
+    sovits = tmp_path / "GPT_SoVITS/pretrained_models/gsv-v2final-pretrained/s2G2333k.pth"
+    assert "not the official pretrained file" in str(err.value) and str(sovits.resolve()) in str(err.value)
+    assert not sovits.exists()
+    assert [a.filename for a in err.value.report.missing] == ["gsv-v2final-pretrained/s2G2333k.pth"]
+
+
+def test_sha256_from_the_hub_is_checked(tmp_path, monkeypatch) -> None:
+    name = "chinese-hubert-base/config.json"
+    good = hashlib.sha256(_content(dl.WEIGHTS_REPO, name)).hexdigest()
+    assets = [a for a in dl.assets_for([]) if a.filename == name]
+    FakeHub(monkeypatch, sha={name: good})
+    dl.download(tmp_path, assets, log=lambda _: None)
+    (tmp_path / assets[0].target).unlink()
+    FakeHub(monkeypatch, sha={name: "0" * 64})
+    with pytest.raises(dl.DownloadError, match="sha256"):
+        dl.download(tmp_path, assets, log=lambda _: None)
+    assert not (tmp_path / assets[0].target).exists()
+
+
+def test_offline_says_what_is_missing_and_where(tmp_path, monkeypatch) -> None:
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    hub = FakeHub(monkeypatch, error=LocalEntryNotFoundError("no connection"))
+    assets = dl.assets_for(["v4"])
+    with pytest.raises(dl.DownloadError) as err:
+        dl.download(tmp_path, assets, log=lambda _: None)
+    assert len(hub.calls) == 1  # it stops asking once the hub is unreachable
+    msg = str(err.value)
+    assert "cannot be reached" in msg and f"{len(assets)} file(s) are missing" in msg
+    for a in assets:
+        assert str((tmp_path / a.target).resolve()) in msg and a.url in msg
+
+
+def test_a_refused_request_is_an_error_naming_the_file(tmp_path, monkeypatch) -> None:
+    FakeHub(monkeypatch, error=PermissionError("401 gated repo"))
+    with pytest.raises(dl.DownloadError, match=r"chinese-hubert-base/config.json failed: PermissionError"):
+        dl.download(tmp_path, dl.assets_for([]), log=lambda _: None)
+
+
+def _zip(members: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        for name, data in members.items():
+            z.writestr(name, data)
+    return buf.getvalue()
+
+
+def test_g2pw_archive_is_unpacked_to_the_official_folder(tmp_path, monkeypatch) -> None:
+    archive = _zip({"G2PWModel_1.1/POLYPHONIC_CHARS.txt": b"x", "G2PWModel_1.1/g2pW.onnx": b"y"})
+    FakeHub(monkeypatch, content=lambda repo, name: archive if name.endswith(".zip") else _content(repo, name))
+    dl.download(tmp_path, [dl.G2PW], log=lambda _: None)
+    folder = tmp_path / "GPT_SoVITS/text/G2PWModel"
+    assert (folder / "POLYPHONIC_CHARS.txt").read_bytes() == b"x" and (folder / "g2pW.onnx").is_file()
+    assert not (tmp_path / dl.G2PW.target).exists() and dl.is_present(tmp_path, dl.G2PW)
+
+
+def test_an_archive_escaping_its_folder_is_refused(tmp_path, monkeypatch) -> None:
+    archive = _zip({"../../evil.txt": b"x", "POLYPHONIC_CHARS.txt": b"x"})
+    FakeHub(monkeypatch, content=lambda repo, name: archive)
+    with pytest.raises(dl.DownloadError, match="points outside"):
+        dl.download(tmp_path, [dl.G2PW], log=lambda _: None)
+    assert not (tmp_path.parent / "evil.txt").exists() and not (tmp_path / "GPT_SoVITS/text/G2PWModel").exists()
+
+
+def test_cli_check_lists_missing_and_wrong_files(tmp_path, capsys) -> None:
+    gpt = tmp_path / "GPT_SoVITS/pretrained_models/s1v3.ckpt"
+    sovits = tmp_path / "GPT_SoVITS/pretrained_models/v2Pro/s2Gv2Pro.pth"
+    for p in (gpt, sovits):
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(b"not a checkpoint")
+    assert cli_main(["download", "--version", "v2Pro", "--root", str(tmp_path), "--check"]) == 1
+    err = capsys.readouterr().err
+    assert f"wrong: v2Pro SoVITS: {sovits}" in err  # present but not the official file
+    assert str(gpt.resolve()) not in err  # present, nothing known to check against
+    assert str((tmp_path / dl.SV.target).resolve()) in err  # missing, with its place
+
+
+def test_cli_offline_with_the_real_hub_client(tmp_path, monkeypatch, capsys) -> None:
+    """No mock: the real huggingface_hub in offline mode fails fast, and the command says what to do."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import huggingface_hub.constants as hc
+
+    monkeypatch.setattr(hc, "HF_HUB_OFFLINE", True)
+    assert cli_main(["download", "--version", "v1", "--root", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "cannot be reached" in err
+    assert str((tmp_path / "GPT_SoVITS/pretrained_models/s2G488k.pth").resolve()) in err
+    assert f"sovits-studio download --version v1 --root {tmp_path} --check" in err

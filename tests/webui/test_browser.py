@@ -1,0 +1,115 @@
+"""A real browser on the page: Debian's chromium driven by playwright uploads the reference, types the
+text, presses Generate, and checks that the streamed audio played and the full clip plays with a
+plausible length. Saves a screenshot to $SOVITS_TEST_OUTPUT (default test-output/) and, with
+SOVITS_UPDATE_DOCS=1, to docs/webui.png. `.ci/run` installs chromium; the browser only talks to 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from tests.support.paths import REPO
+from tests.support.synth import model_config
+from tests.webui.test_server import running_server
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+REF = REPO / "assets" / "en_slt_01.wav"
+REF_TEXT = "A good reference clip should be clear and calm, with no music or noise in the background."
+TEXT = "Hello there. Nice to meet you! How are you today?"
+MAX_TOKENS = 10  # per sentence (0.4 s); random weights rarely stop by themselves
+OUTPUT = Path(os.environ.get("SOVITS_TEST_OUTPUT", REPO / "test-output"))
+
+if not CHROMIUM.exists():
+    pytest.skip("chromium is not installed (`apt-get install chromium`; .ci/run does it)", allow_module_level=True)
+sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[test]')")
+
+
+@pytest.fixture(scope="module")
+def url():
+    from engine.config import load_config
+    from engine.pipeline import Studio
+    from studio.http.context import ServerSettings
+    from webui.app import UISettings
+    from webui.models_list import ModelCatalog
+    from webui.server import create_webui_app
+
+    path = model_config("v2")
+    config = load_config(path, base_dir=path.parent)
+    studio = Studio.from_config(config, device="cpu", precision="fp32")
+    app = create_webui_app(studio, config, UISettings(max_tokens_per_sentence=MAX_TOKENS),
+                           ServerSettings(max_tokens_per_sentence=MAX_TOKENS), catalog=ModelCatalog(path.parent))
+    with running_server(app) as base:
+        yield base
+
+
+@pytest.fixture()
+def page(url):
+    profile = tempfile.mkdtemp(prefix="sovits-chromium-")
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch_persistent_context(profile, executable_path=str(CHROMIUM), headless=True,
+                                                       args=CHROMIUM_FLAGS, viewport={"width": 1280, "height": 1000})
+        try:  # launch_persistent_context passes the fresh profile folder as --user-data-dir
+            page = browser.new_page()
+            outside: list[str] = []
+
+            def only_loopback(route):  # the page's CDN/font links never leave the machine
+                if route.request.url.startswith(url):
+                    return route.continue_()
+                outside.append(route.request.url)
+                return route.abort()
+
+            page.route("**/*", only_loopback)
+            page.goto(url + "/")
+            yield page
+        finally:
+            browser.close()
+            shutil.rmtree(profile, ignore_errors=True)
+
+
+def test_upload_type_generate_and_hear_the_clip(page) -> None:
+    page.wait_for_selector("#generate", timeout=60_000)
+    page.locator("#ref-audio input[type=file]").set_input_files(str(REF))
+    page.wait_for_selector("#ref-info:has-text('5.85 s')", timeout=30_000)
+    page.locator("#ref-text textarea").fill(REF_TEXT)
+    page.locator("#text textarea").fill(TEXT)
+    page.get_by_label("How to split the text").click()
+    page.get_by_role("option", name="cut5: at every punctuation mark").click()
+    page.locator("#generate").click()
+
+    page.wait_for_selector("#status:has-text('Seed')", timeout=240_000)
+    # the streamed chunks went to an <audio> element through Gradio's HLS player
+    streamed = page.evaluate("() => { const a = document.querySelector('#stream-audio audio');"
+                             " return a ? [a.src, a.duration] : null; }")
+    assert streamed is not None and streamed[0].startswith("blob:") and streamed[1] > 0
+    href = page.locator("#full-audio a[download]").first.get_attribute("href")
+    assert href and href.endswith(".wav")
+    duration, played = page.evaluate("""async (href) => {
+        const a = new Audio(href);
+        await new Promise((ok, fail) => { a.onloadedmetadata = ok; a.onerror = () => fail(a.error); });
+        await a.play();
+        await new Promise(r => setTimeout(r, 400));
+        const t = a.currentTime; a.pause();
+        return [a.duration, t];
+    }""", href)
+    sentences = 3
+    assert sentences * 0.3 <= duration <= sentences * (MAX_TOKENS * 0.04 + 0.3) + 0.05  # 0.3 s pause each
+    assert played > 0  # it really plays
+    OUTPUT.mkdir(parents=True, exist_ok=True)
+    shot = OUTPUT / "webui-after-synthesis.png"
+    page.screenshot(path=str(shot), full_page=True)
+    assert shot.stat().st_size > 10_000
+    if os.environ.get("SOVITS_UPDATE_DOCS") == "1":
+        shutil.copyfile(shot, REPO / "docs" / "webui.png")
+
+
+def test_an_example_fills_the_form(page) -> None:
+    page.wait_for_selector("#generate", timeout=60_000)
+    page.get_by_text("en_kumo_01.wav").click()
+    page.wait_for_selector("#ref-info:has-text('5.02 s')", timeout=30_000)
+    assert page.locator("#ref-text textarea").input_value().startswith("Voice cloning needs only")

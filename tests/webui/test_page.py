@@ -1,0 +1,303 @@
+"""Web UI handlers and page building, without a server: tiny random weights (v1 and v2 sets), the
+shipped example clip as the reference, bounded decoding (random weights rarely say EOS)."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from tests.support.paths import REPO
+from tests.support.synth import model_config
+
+pytest.importorskip("gradio")
+
+from engine.errors import CheckpointError, OptionsError, ReferenceAudioError, TextError
+from engine.options import SynthesisOptions
+from engine.reference import ReferenceRules
+
+REF = REPO / "assets" / "en_slt_01.wav"
+REF_TEXT = "A good reference clip should be clear and calm, with no music or noise in the background."
+MAX_TOKENS = 8  # per sentence: 8 tokens = 0.32 s of audio
+
+
+def _pretrained(config: Path) -> Path:
+    return config.parent / "GPT_SoVITS" / "pretrained_models"
+
+
+@pytest.fixture(scope="module")
+def sets():
+    """{version: (config, gpt, sovits)} for a v2 and a v1 set."""
+    from engine.testweights import LAYOUT
+
+    out = {}
+    for v in ("v2", "v1"):
+        cfg = model_config(v)
+        out[v] = (cfg, _pretrained(cfg) / LAYOUT[v]["gpt"], _pretrained(cfg) / LAYOUT[v]["sovits"])
+    return out
+
+
+@pytest.fixture(scope="module")
+def studio(sets):
+    from engine.pipeline import Studio
+
+    return Studio.from_config(sets["v2"][0], device="cpu", precision="fp32")
+
+
+def _wav(path: Path, audio: np.ndarray, rate: int = 16000) -> Path:
+    sf.write(path, audio.astype(np.float32), rate, subtype="PCM_16")
+    return path
+
+
+def _run(studio, text="Hello there.", gpt=None, sovits=None, on_progress=None, **opts):
+    from webui import handlers
+
+    reference = handlers.make_reference(str(REF), REF_TEXT, "en", None)
+    options = SynthesisOptions(seed=7, **opts)
+    return list(handlers.synthesize(studio, text, "en", reference, options, gpt, sovits, MAX_TOKENS, on_progress))
+
+
+# ---- the form: defaults exist once ------------------------------------------------------------
+
+
+def test_every_control_shows_the_dataclass_default_and_maps_back_to_it() -> None:
+    from webui import form
+
+    values = {c.name: form.default(c.name) for c in form.CONTROLS}
+    assert form.options_from_values(values) == SynthesisOptions()
+    assert {c.name for c in form.CONTROLS} >= {"top_k", "top_p", "temperature", "repetition_penalty",
+                                                "speed_factor", "seed", "text_split_method"}
+
+
+def test_widget_values_are_coerced_and_bad_ones_name_the_field() -> None:
+    from webui import form
+
+    opts = form.options_from_values({"top_k": 5.0, "seed": 12.0, "sample_steps": "8", "early_stop_num": 0,
+                                     "temperature": 1})
+    assert (opts.top_k, opts.seed, opts.sample_steps, opts.early_stop_num, opts.temperature) == (5, 12, 8, None, 1.0)
+    with pytest.raises(OptionsError, match="top_k"):
+        form.options_from_values({"top_k": 2.5})
+    with pytest.raises(OptionsError, match="top_p"):
+        form.options_from_values({"top_p": 0.0})
+
+
+# ---- reference clips --------------------------------------------------------------------------
+
+
+def test_reference_length_is_measured_and_bad_clips_are_explained(tmp_path) -> None:
+    from webui.handlers import describe_reference
+
+    rules = ReferenceRules()
+    assert describe_reference(str(REF), rules).startswith("✓ 5.85 s")
+    t = np.arange(12 * 16000) / 16000
+    long = _wav(tmp_path / "long.wav", 0.3 * np.sin(2 * np.pi * 220 * t))
+    assert "12.00 s" in describe_reference(str(long), rules) and "too long" in describe_reference(str(long), rules)
+    silent = _wav(tmp_path / "silent.wav", np.zeros(4 * 16000))
+    assert "silent" in describe_reference(str(silent), rules)
+    text = tmp_path / "notes.wav"
+    text.write_text("not audio at all")
+    message = describe_reference(str(text), rules)
+    assert message.startswith("Problem:") and "cannot read audio" in message and str(tmp_path) not in message
+    assert describe_reference(None, rules) == ""
+
+
+def test_no_reference_clip_is_a_readable_error() -> None:
+    from webui.handlers import make_reference
+
+    with pytest.raises(ReferenceAudioError, match="upload or record"):
+        make_reference(None, "text", "en", None)
+
+
+# ---- synthesis ----------------------------------------------------------------------------------
+
+
+def test_synthesis_streams_chunks_then_the_whole_clip(studio) -> None:
+    from engine.pipeline import Reference, join
+
+    progress: list[tuple[int, int]] = []
+    chunks = _run(studio, "Hello there. Nice to meet you!", text_split_method="cut5", batch_size=1,
+                  on_progress=lambda done, total: progress.append((done, total)))
+    assert progress == [(1, 2), (2, 2)]  # what the page's progress bar shows
+    *pieces, final = chunks
+    assert final.final and not any(c.final for c in pieces) and len(pieces) == 2  # one chunk per sentence
+    assert all(c.sample_rate == 32000 and c.pcm16.dtype == np.int16 for c in chunks)
+    np.testing.assert_array_equal(final.pcm16, np.concatenate([c.pcm16 for c in pieces]))
+    assert "Seed **7**" in final.status
+    # the same request straight through the engine gives the same samples
+    direct = list(studio.synthesize("Hello there. Nice to meet you!", "en", Reference(str(REF), REF_TEXT, "en"),
+                                    SynthesisOptions(seed=7, text_split_method="cut5", batch_size=1,
+                                                     early_stop_num=MAX_TOKENS)))
+    rate, audio = join(direct)
+    np.testing.assert_array_equal(final.pcm16, np.clip(audio * 32768.0, -32768, 32767).astype(np.int16))
+    # each sentence: at most MAX_TOKENS tokens (640 samples each at 32 kHz for v2) + the 0.3 s pause
+    assert 2 * 0.3 < final.pcm16.shape[0] / rate <= 2 * (MAX_TOKENS * 0.04 + 0.3) + 1e-6
+
+
+def test_each_request_gets_the_weights_it_names(studio, sets) -> None:
+    """Two tabs with different models: each request is served by its own set (no global swap)."""
+    _, gpt1, sovits1 = sets["v1"]
+    v2 = _run(studio)[-1].pcm16
+    v1 = _run(studio, gpt=str(gpt1), sovits=str(sovits1))[-1].pcm16
+    again = _run(studio)[-1].pcm16
+    np.testing.assert_array_equal(v2, again)  # the v1 request changed nothing for the default set
+    assert v1.shape != v2.shape or not np.array_equal(v1, v2)
+    assert studio.default_weights.gpt == sets["v2"][1]
+
+
+def test_bad_requests_raise_engine_errors_and_the_next_one_works(studio, sets) -> None:
+    _, gpt2, sovits2 = sets["v2"]
+    with pytest.raises(TextError, match="empty"):
+        _run(studio, text="   ")
+    with pytest.raises(CheckpointError):  # a SoVITS file picked in the GPT dropdown
+        _run(studio, gpt=str(sovits2))
+    with pytest.raises(CheckpointError):  # and a GPT file in the SoVITS dropdown
+        _run(studio, sovits=str(gpt2))
+    assert _run(studio)[-1].final
+
+
+def test_a_stopped_request_frees_its_engine_iterator(studio) -> None:
+    from webui import handlers
+
+    closed = []
+
+    class Watching:
+        """The studio, with the result iterator it hands out watched for close()."""
+
+        default_weights = studio.default_weights
+
+        def synthesize(self, *args, **kwargs):
+            results = studio.synthesize(*args, **kwargs)
+
+            def watched():
+                try:
+                    yield from results
+                finally:
+                    closed.append(True)
+            return watched()
+
+    reference = handlers.make_reference(str(REF), REF_TEXT, "en", None)
+    chunks = handlers.synthesize(Watching(), "One. Two. Three.", "en", reference,
+                                 SynthesisOptions(seed=1, batch_size=1, text_split_method="cut5"), max_tokens=4)
+    assert not next(chunks).final
+    chunks.close()  # what Gradio does on Stop or a closed tab
+    assert closed == [True]
+
+
+def test_token_cap_applies_to_requests_without_one(studio) -> None:
+    from webui import handlers
+
+    reference = handlers.make_reference(str(REF), REF_TEXT, "en", None)
+    chunks = list(handlers.synthesize(studio, "Hello.", "en", reference, SynthesisOptions(seed=1), max_tokens=4))
+    assert chunks[-1].pcm16.shape[0] <= 4 * 1280 + int(0.3 * 32000)
+
+
+# ---- model lists --------------------------------------------------------------------------------
+
+
+def test_model_lists_show_each_files_detected_kind_and_version(sets, tmp_path) -> None:
+    from webui.models_list import ModelCatalog
+
+    cfg2, gpt2, sovits2 = sets["v2"]
+    _, gpt1, sovits1 = sets["v1"]
+    catalog = ModelCatalog(cfg2.parent, extra_dirs=(_pretrained(sets["v1"][0]),))
+    gpts, sovitses = dict((v, k) for k, v in catalog.choices("gpt")), dict((v, k) for k, v in catalog.choices("sovits"))
+    assert set(gpts) == {str(gpt2), str(gpt1)} and set(sovitses) == {str(sovits2), str(sovits1)}
+    assert sovitses[str(sovits2)].endswith("sovits v2") and sovitses[str(sovits1)].endswith("sovits v1")
+    assert gpts[str(gpt1)].endswith("gpt v1") and "gsv-v2final-pretrained" in gpts[str(gpt2)]
+    # a file that is no weight file is left out
+    (_pretrained(cfg2) / "broken.pth").write_bytes(b"garbage")
+    try:
+        assert str(_pretrained(cfg2) / "broken.pth") not in dict((v, k) for k, v in catalog.choices("sovits"))
+    finally:
+        (_pretrained(cfg2) / "broken.pth").unlink()
+
+
+# ---- missing weights ----------------------------------------------------------------------------
+
+
+def test_missing_weights_are_listed_and_the_download_explains_itself_offline(tmp_path, monkeypatch) -> None:
+    from engine.config import load_config
+    from engine.loading import download
+    from engine.loading.model_pool import WeightSet
+    from webui import handlers
+
+    config = load_config(REPO / "configs" / "tts_infer.yaml", base_dir=tmp_path)
+    missing = handlers.missing_weights(config, WeightSet.from_config(config))
+    assert set(missing) == {"t2s_weights_path", "vits_weights_path", "bert_base_path", "cnhuhbert_base_path"}
+    report = handlers.missing_report(missing, "v2")
+    assert "s2G2333k.pth" in report and "Download weights" in report
+
+    class OfflineHub:
+        def hf_hub_download(self, **_):
+            raise ConnectionError("no network in tests")
+
+    monkeypatch.setattr(download, "_hub", lambda: OfflineHub())
+    message = handlers.download_weights(tmp_path, "v2")
+    assert message.startswith("Download did not complete") and "cannot be reached" in message
+    assert "s2G2333k.pth" in message and not (tmp_path / "GPT_SoVITS" / "pretrained_models" / "s2G2333k.pth").exists()
+
+
+def test_the_page_builds_with_missing_weights(tmp_path) -> None:
+    from engine.config import load_config
+    from engine.pipeline import Studio
+    from webui.app import build_ui
+
+    config = load_config(REPO / "configs" / "tts_infer.yaml", base_dir=tmp_path)
+    studio = Studio.from_config(config, device="cpu", precision="fp32")
+    demo = build_ui(studio, config=config)
+    page = demo.get_config_file()
+    markdown = [c["props"].get("value") or "" for c in page["components"] if c["type"] == "markdown"]
+    assert any("Weights are missing" in m and "s2G2333k.pth" in m for m in markdown)
+    assert "generate" in {d.get("api_name") for d in page["dependencies"]}
+
+
+# ---- server pieces ------------------------------------------------------------------------------
+
+
+def test_auth_accepts_a_pair_or_a_file(tmp_path) -> None:
+    from engine.errors import ConfigError
+    from webui.server import parse_auth
+
+    assert parse_auth("ann:secret:with:colons") == [("ann", "secret:with:colons")]
+    f = tmp_path / "users.txt"
+    f.write_text("# users\nann:one\n\nbob:two\n")
+    assert parse_auth(str(f)) == [("ann", "one"), ("bob", "two")]
+    with pytest.raises(ConfigError, match="USER:PASS"):
+        parse_auth("nopassword")
+
+
+def test_share_link_or_the_reason_there_is_none(monkeypatch) -> None:
+    import gradio.networking
+
+    from studio.cli.webui import _share_link
+
+    monkeypatch.setattr(gradio.networking, "setup_tunnel", lambda *a: "https://abc.gradio.live")
+    assert _share_link("127.0.0.1", 9872, protected=True) == "Public link (72 h): https://abc.gradio.live"
+    assert "--auth" in _share_link("127.0.0.1", 9872, protected=False)
+
+    def offline(*_):
+        raise RuntimeError("Could not get share link from Gradio API Server.")
+
+    monkeypatch.setattr(gradio.networking, "setup_tunnel", offline)
+    message = _share_link("127.0.0.1", 9872, protected=True)
+    assert message.startswith("warning: no share link") and "still served locally" in message
+
+
+def test_streamed_chunks_encode_without_an_ffmpeg_program() -> None:
+    from webui.streaming_audio import wav_to_adts
+
+    buf = io.BytesIO()
+    sf.write(buf, 0.1 * np.sin(np.arange(32000) / 10.0).astype(np.float32), 32000, format="WAV")
+    data, seconds = wav_to_adts(buf.getvalue())
+    assert seconds == pytest.approx(1.0) and data[:2] == b"\xff\xf1"  # ADTS sync word, MPEG-4 AAC
+
+
+def test_importing_the_ui_writes_nothing_into_the_tree() -> None:
+    code = "import webui.app, webui.server"
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, capture_output=True)
+    assert not list((REPO / "webui").glob("*.pyi"))
