@@ -94,7 +94,7 @@ def create_webui_app(studio, config=None, ui_settings=None, server_settings=None
     demo = build_ui(studio, config=config, catalog=catalog, settings=ui_settings or UISettings(),
                     pool=app.state.context.runner)  # page and API share the synthesis workers
     demo.queue(default_concurrency_limit=concurrency or server_settings.workers,
-               max_size=server_settings.max_queue if max_queue is None else max_queue)
+               max_size=ServerSettings.max_queue if max_queue is None else max_queue)
     if auth:
         app.add_middleware(ApiBasicAuth, api=app, credentials=auth)
     return gr.mount_gradio_app(app, demo, path="/", auth=auth or None, max_file_size=upload,
