@@ -111,8 +111,8 @@ def prosody_phones(labels: list[str]) -> list[str]:
 DICTIONARY_ENV = "OPEN_JTALK_DICT_DIR"
 PACKAGED_DICTIONARY = Path(__file__).resolve().parent / "openjtalk_dic"
 # OpenJTalk 0.4.1 converts a run into a fixed 8192-byte buffer without a bound check (up to 3 bytes per
-# character): longer runs go through in pieces instead of overflowing it.
-MAX_RUN_CHARS = 1024
+# character; it crashes past that): longer runs go through in pieces (shorter ones exactly as official).
+MAX_RUN_CHARS = 2048
 
 
 def dictionary_dir(library_default: str | bytes | None = None) -> Path:
