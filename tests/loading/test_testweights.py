@@ -42,3 +42,17 @@ def test_cli_writes_a_set(tmp_path: Path, capsys: pytest.CaptureFixture) -> None
     assert (tmp_path / "set" / "tts_infer.yaml").exists()
     with pytest.raises(SystemExit):
         main(["make-test-weights", str(tmp_path / "x"), "--version", "v9"])
+
+
+def test_cli_gpt_shape_options(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from engine.loading.t2s import load_t2s
+
+    assert main(["make-test-weights", str(tmp_path / "set"), "--version", "v2",
+                 "--t2s-width", "40", "--t2s-heads", "5", "--t2s-layers", "1"]) == 0
+    model, _ = load_t2s(load_config(tmp_path / "set" / "tts_infer.yaml").path("t2s_weights_path"))
+    d = model.dims
+    assert (d.hidden_dim, d.embedding_dim, d.n_head, d.head_dim, d.n_layer, d.ffn_dim) == (40, 40, 5, 8, 1, 160)
+    assert main(["make-test-weights", str(tmp_path / "bad"), "--version", "v2", "--t2s-width", "30",
+                 "--t2s-heads", "4"]) == 2
+    assert "multiple of the head count" in capsys.readouterr().err
+    assert not (tmp_path / "bad" / "tts_infer.yaml").exists()

@@ -92,15 +92,18 @@ def test_triton_kernels_under_the_interpreter() -> None:
         import torch, torch.nn.functional as F
         from engine.t2s.kernels.triton_step import decode_attention, add_layer_norm, gemv
         torch.manual_seed(0)
-        B, H, CAP, HD = 2, 4, 300, 8; D = H * HD
-        qkv = torch.randn(B, 3 * D); kc = torch.randn(B, H, CAP, HD); vc = torch.randn(B, H, CAP, HD)
-        valid = torch.zeros(B, CAP, dtype=torch.bool); valid[0, :150] = True; valid[1, 10:150] = True
-        pos = torch.tensor([149]); k2, v2 = kc.clone(), vc.clone()
-        out = decode_attention(qkv, k2, v2, valid, pos)
-        q, k, v = qkv.view(B, 3, H, HD).unbind(1)
-        kc[:, :, 149] = k; vc[:, :, 149] = v
-        ref = F.scaled_dot_product_attention(q.unsqueeze(2), kc, vc, attn_mask=valid[:, None, None, :]).squeeze(2).reshape(B, D)
-        assert (out - ref).abs().max() < 1e-5 and torch.equal(k2, kc) and torch.equal(v2, vc)
+        for H, HD in ((4, 8), (3, 24), (2, 40), (5, 5)):  # head widths padded to a power of two and masked
+            B, CAP = 2, 300; D = H * HD
+            qkv = torch.randn(B, 3 * D); kc = torch.randn(B, H, CAP, HD); vc = torch.randn(B, H, CAP, HD)
+            valid = torch.zeros(B, CAP, dtype=torch.bool); valid[0, :150] = True; valid[1, 10:150] = True
+            pos = torch.tensor([149]); k2, v2 = kc.clone(), vc.clone()
+            out = decode_attention(qkv, k2, v2, valid, pos)
+            q, k, v = qkv.view(B, 3, H, HD).unbind(1)
+            kc[:, :, 149] = k; vc[:, :, 149] = v
+            ref = F.scaled_dot_product_attention(q.unsqueeze(2), kc, vc, attn_mask=valid[:, None, None, :])
+            assert (out - ref.squeeze(2).reshape(B, D)).abs().max() < 1e-5, HD
+            assert torch.equal(k2, kc) and torch.equal(v2, vc), HD
+        D = 40
         ln = torch.nn.LayerNorm(D); ln.weight.data.normal_(); ln.bias.data.normal_()
         x, r = torch.randn(3, D), torch.randn(3, D)
         with torch.no_grad():
@@ -167,3 +170,65 @@ def test_streamed_tokens_match_the_reference_stream(tmp_path: Path) -> None:
                         fast_out = done.value
                     break
         assert fast_tokens == ref_tokens and torch.equal(fast_out.tokens, ref_out.tokens)
+
+
+def test_attention_choice_per_model(caplog: pytest.LogCaptureFixture) -> None:
+    from engine.t2s.kernels import choose_attention, triton_shape_problem
+
+    assert triton_shape_problem(384, 16, 1536) is None  # head width 24: padded, not refused
+    assert triton_shape_problem(576, 12, 2304) is None
+    assert "head width 640" in triton_shape_problem(1280, 2, 5120)
+    assert "input width 32768" in triton_shape_problem(8192, 64, 32768)  # the FFN input
+    cpu = torch.device("cpu")
+    assert choose_attention("sdpa", cpu, 1280, 2, 5120) == "sdpa"
+    with pytest.raises(ValueError, match="head width 640"):
+        choose_attention("triton", cpu, 1280, 2, 5120)
+    with pytest.raises(ValueError, match="attention must be"):
+        choose_attention("flash", cpu, 32, 2, 128)
+    if HAS_TRITON:
+        os.environ["TRITON_INTERPRET"] = "1"
+        try:
+            with caplog.at_level("INFO", logger="engine.t2s.kernels"):
+                assert choose_attention("auto", cpu, 1280, 2, 5120) == "sdpa"  # does not fit: stock path, logged
+                assert choose_attention("auto", cpu, 384, 16, 1536) == "triton"
+        finally:
+            del os.environ["TRITON_INTERPRET"]
+        assert [r.message for r in caplog.records].count(
+            "T2S decode: stock PyTorch step instead of the Triton kernels (head width 640 pads to 1024 > 256)") == 1
+
+
+# Non-power-of-two widths: (model width, heads) -> head width 24 and 40; FFN 4 x width; an odd vocabulary.
+# Narrow models keep the interpreter fast; the masks do not depend on how many heads there are.
+ODD_SHAPES = [(72, 3), (120, 3)]
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+@pytest.mark.parametrize("width, heads", ODD_SHAPES, ids=[f"w{w}h{h}" for w, h in ODD_SHAPES])
+def test_triton_decoder_odd_shapes_match_the_reference_loop(tmp_path: Path, width: int, heads: int) -> None:
+    ckpt = write_t2s(tmp_path / "t.ckpt", seed=width,
+                     shape={"hidden_dim": width, "head": heads, "n_layer": 1, "vocab_size": 771})
+    code = textwrap.dedent(f"""
+        import torch
+        from engine.loading.t2s import load_t2s
+        from engine.t2s.decoding import SamplingParams, StopRules, T2SDecoder, T2SInput
+        from engine.t2s.fast import FastT2S
+        model, _ = load_t2s({str(ckpt)!r})
+        assert model.dims.head_dim == {width // heads} and next(model.parameters()).dtype == torch.float32
+        g = torch.Generator().manual_seed(0)
+        items = [T2SInput(torch.randint(1, 732, (n,), generator=g), torch.randn({TINY_BERT_DIM}, n, generator=g))
+                 for n in (6, 9)]
+        prompt = torch.randint(0, 770, (5,), generator=g)
+        params, rules = SamplingParams(top_k=1, repetition_penalty=1.35), StopRules(max_steps=12)
+        fast = FastT2S(model, attention="triton", sync_every=4)
+        assert fast.attention == "triton"
+        ref = T2SDecoder(model).decode_batch(items, prompt, params, rules)
+        got = fast.decode_batch(items, prompt, params, rules)
+        assert [(o.stop, o.steps) for o in got] == [(o.stop, o.steps) for o in ref]
+        assert all(torch.equal(a.tokens, b.tokens) for a, b in zip(got, ref)), [o.tokens for o in got]
+        one = fast.decode_naive(items[0], prompt, params, rules)
+        assert torch.equal(one.tokens, T2SDecoder(model).decode_naive(items[0], prompt, params, rules).tokens)
+        print("ok")
+    """)
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]

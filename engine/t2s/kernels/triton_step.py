@@ -11,6 +11,10 @@ each one use many multiprocessors:
   writes the normalised rows for the residual path) and bias/ReLU in its epilogue.
 * :func:`add_layer_norm`: ``LayerNorm(x + r)`` alone (the last block's output).
 
+Any width works: ``tl.arange`` needs a power of two, so each kernel pads the head width, the model width
+and the FFN width to the next one and masks the padded lanes (they load zeros and store nothing). The
+limits on tile size are checked once per model by :func:`engine.t2s.kernels.choose_attention`.
+
 Import this module only where Triton is available (it imports triton at import time).
 """
 
@@ -29,60 +33,66 @@ def _attention_split_kernel(
     qkv_ptr, k_cache_ptr, v_cache_ptr, valid_ptr, pos_ptr,
     part_m_ptr, part_l_ptr, part_acc_ptr,  # (B, H, S), (B, H, S), (B, H, S, HD) float32
     D, scale,
-    CAP: tl.constexpr, H: tl.constexpr, HD: tl.constexpr, SPLIT_N: tl.constexpr, N_SPLITS: tl.constexpr,
+    CAP: tl.constexpr, H: tl.constexpr, HD: tl.constexpr, HDP: tl.constexpr, SPLIT_N: tl.constexpr,
+    N_SPLITS: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.program_id(2)
     pos = tl.load(pos_ptr)
-    d = tl.arange(0, HD)
-    q = tl.load(qkv_ptr + b * 3 * D + h * HD + d).to(tl.float32)
+    d = tl.arange(0, HDP)  # the head width padded to a power of two; lanes d >= HD are masked off
+    d_ok = d < HD
+    q = tl.load(qkv_ptr + b * 3 * D + h * HD + d, mask=d_ok, other=0.0).to(tl.float32)
     n = s * SPLIT_N + tl.arange(0, SPLIT_N)
     ok = (tl.load(valid_ptr + b * CAP + n, mask=n < CAP, other=0) != 0) & (n != pos) & (n < CAP)
     kv_off = (b * H + h) * CAP * HD + n[:, None] * HD + d[None, :]
-    k = tl.load(k_cache_ptr + kv_off, mask=ok[:, None], other=0.0).to(tl.float32)
+    kv_ok = ok[:, None] & d_ok[None, :]
+    k = tl.load(k_cache_ptr + kv_off, mask=kv_ok, other=0.0).to(tl.float32)
     scores = tl.where(ok, tl.sum(k * q[None, :], axis=1) * scale, float("-inf"))
     m = tl.max(scores, axis=0)
     m_safe = tl.where(m == float("-inf"), 0.0, m)
     p = tl.exp(scores - m_safe)
-    v = tl.load(v_cache_ptr + kv_off, mask=ok[:, None], other=0.0).to(tl.float32)
+    v = tl.load(v_cache_ptr + kv_off, mask=kv_ok, other=0.0).to(tl.float32)
     acc = tl.sum(p[:, None] * v, axis=0)
     idx = (b * H + h) * N_SPLITS + s
     tl.store(part_m_ptr + idx, m)
     tl.store(part_l_ptr + idx, tl.sum(p, axis=0))
-    tl.store(part_acc_ptr + idx * HD + d, acc)
+    tl.store(part_acc_ptr + idx * HD + d, acc, mask=d_ok)
 
 
 @triton.jit
 def _attention_combine_kernel(
     qkv_ptr, k_cache_ptr, v_cache_ptr, pos_ptr, part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr,
     D, scale,
-    CAP: tl.constexpr, H: tl.constexpr, HD: tl.constexpr, N_SPLITS: tl.constexpr, SP: tl.constexpr,
+    CAP: tl.constexpr, H: tl.constexpr, HD: tl.constexpr, HDP: tl.constexpr, N_SPLITS: tl.constexpr,
+    SP: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
     pos = tl.load(pos_ptr)
-    d = tl.arange(0, HD)
+    d = tl.arange(0, HDP)
+    d_ok = d < HD
     row = qkv_ptr + b * 3 * D + h * HD
-    q = tl.load(row + d).to(tl.float32)
-    k_new = tl.load(row + D + d)
-    v_new = tl.load(row + 2 * D + d)
+    q = tl.load(row + d, mask=d_ok, other=0.0).to(tl.float32)
+    k_new = tl.load(row + D + d, mask=d_ok, other=0.0)
+    v_new = tl.load(row + 2 * D + d, mask=d_ok, other=0.0)
     # the new position from registers, then the splits' partial softmaxes
     m_new = tl.sum(q * k_new.to(tl.float32), axis=0) * scale
     sp = tl.arange(0, SP)
     base = (b * H + h) * N_SPLITS
     pm = tl.load(part_m_ptr + base + sp, mask=sp < N_SPLITS, other=float("-inf"))
     pl = tl.load(part_l_ptr + base + sp, mask=sp < N_SPLITS, other=0.0)
-    pacc = tl.load(part_acc_ptr + (base + sp[:, None]) * HD + d[None, :], mask=(sp < N_SPLITS)[:, None], other=0.0)
+    pacc = tl.load(part_acc_ptr + (base + sp[:, None]) * HD + d[None, :],
+                   mask=(sp < N_SPLITS)[:, None] & d_ok[None, :], other=0.0)
     m = tl.maximum(m_new, tl.max(pm, axis=0))
     w = tl.where(pm == float("-inf"), 0.0, tl.exp(pm - m))
     w_new = tl.exp(m_new - m)
     l_total = w_new + tl.sum(w * pl, axis=0)
     acc = w_new * v_new.to(tl.float32) + tl.sum(w[:, None] * pacc, axis=0)
-    tl.store(out_ptr + b * D + h * HD + d, (acc / l_total).to(out_ptr.dtype.element_ty))
+    tl.store(out_ptr + b * D + h * HD + d, (acc / l_total).to(out_ptr.dtype.element_ty), mask=d_ok)
     head = (b * H + h) * CAP * HD + pos * HD + d
-    tl.store(k_cache_ptr + head, k_new)
-    tl.store(v_cache_ptr + head, v_new)
+    tl.store(k_cache_ptr + head, k_new, mask=d_ok)
+    tl.store(v_cache_ptr + head, v_new, mask=d_ok)
 
 
 def decode_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, valid: torch.Tensor,
@@ -96,11 +106,13 @@ def decode_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
     part_l = torch.empty_like(part_m)
     part_acc = torch.empty(b, h, n_splits, hd, device=qkv.device, dtype=torch.float32)
     scale = hd ** -0.5
+    hdp = triton.next_power_of_2(hd)
     _attention_split_kernel[(b, h, n_splits)](qkv, k_cache, v_cache, valid, pos, part_m, part_l, part_acc,
-                                              d, scale, CAP=cap, H=h, HD=hd, SPLIT_N=SPLIT, N_SPLITS=n_splits)
+                                              d, scale, CAP=cap, H=h, HD=hd, HDP=hdp, SPLIT_N=SPLIT,
+                                              N_SPLITS=n_splits)
     out = torch.empty(b, d, device=qkv.device, dtype=qkv.dtype)
     _attention_combine_kernel[(b, h)](qkv, k_cache, v_cache, pos, part_m, part_l, part_acc, out, d, scale,
-                                      CAP=cap, H=h, HD=hd, N_SPLITS=n_splits,
+                                      CAP=cap, H=h, HD=hd, HDP=hdp, N_SPLITS=n_splits,
                                       SP=max(2, triton.next_power_of_2(n_splits)))
     return out
 
