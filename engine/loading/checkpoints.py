@@ -7,7 +7,6 @@ with an explicit allow-list. The only non-tensor class the official files pickle
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 import pickle
@@ -21,6 +20,7 @@ from typing import Any
 import torch
 
 from engine.errors import CheckpointError
+from engine.loading.file_head import md5_head, read_header
 from engine.versions import VOCODER_VERSIONS
 
 # 2-byte tags that `process_ckpt.my_save2` writes over the zip's "PK" (spec §2.3):
@@ -92,17 +92,6 @@ def as_plain_dict(config: Any) -> dict:
 _ALLOWED_GLOBALS = [(HParams, "utils.HParams")]
 # torch keeps its safe-globals list in a process-wide variable; serialise our scoped changes.
 _SAFE_GLOBALS_LOCK = threading.Lock()
-
-
-def read_header(path: str | os.PathLike) -> bytes:
-    """The first two bytes of a file (``b"PK"`` for a plain torch zip)."""
-    with open(path, "rb") as f:
-        return f.read(2)
-
-
-def md5_head(path: str | os.PathLike, size: int = 8192) -> str:
-    with open(path, "rb") as f:
-        return hashlib.md5(f.read(size)).hexdigest()
 
 
 def _check_file(path: Path, what: str) -> None:

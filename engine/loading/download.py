@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from engine.errors import CheckpointError, EngineError
+from engine.loading.file_head import md5_head
 from engine.versions import VERSIONS
 
 WEIGHTS_REPO = "lj1995/GPT-SoVITS"
@@ -134,12 +135,6 @@ def verify(root: Path, asset: Asset, expected_sha256: str = "", expected_size: i
     if expected_sha256 and (digest := _sha256(path)) != expected_sha256:
         raise CheckpointError(f"{asset.what}: {path} has sha256 {digest}, the hub says {expected_sha256}; "
                               f"delete it and download again")
-
-
-def md5_head(path: Path, size: int = 8192) -> str:
-    """md5 of a file's first 8 KiB, the key of the official pretrained-file table."""
-    with open(path, "rb") as f:
-        return hashlib.md5(f.read(size)).hexdigest()
 
 
 def _sha256(path: Path) -> str:
