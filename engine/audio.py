@@ -1,10 +1,11 @@
 """Audio I/O and DSP as pure functions: read, mono mix-down, resampling, the SoVITS linear
-spectrogram (spec §4.2) and the Kaldi fbank of the speaker-verification front end (spec §4.3).
+spectrogram (official ``TTS.py`` ``TTS._get_ref_spec``) and the Kaldi fbank of the speaker-verification
+front end (official ``GPT_SoVITS/sv.py`` ``SV.compute_embedding3``).
 
 Resampling follows the official choices: ``resample_soxr`` reproduces ``librosa.load(sr=16000)``
-(soxr "HQ", used for the HuBERT prompt path, §4.1) and ``resample_sinc`` reproduces
+(soxr "HQ", used for the HuBERT prompt path, ``TTS._set_prompt_semantic``) and ``resample_sinc`` reproduces
 ``torchaudio.transforms.Resample`` (windowed sinc, used for the 32 kHz spectrogram path and the
-32 -> 16 kHz SV path, §4.2). Nothing here keeps state except bounded caches of pure values.
+32 -> 16 kHz SV path, ``TTS._get_ref_spec``). Nothing here keeps state except bounded caches of pure values.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ MIN_SAMPLE_RATE = 8000  # below this a file cannot carry the 0-8 kHz band HuBERT
 MAX_SAMPLE_RATE = 384000
 DEFAULT_MAX_SECONDS = 600.0  # refuse to decode more than this much audio in one read (bounded memory)
 
-# SoVITS reference spectrogram (hps.data of every official config; spec §4.2)
+# SoVITS reference spectrogram (hps.data of every official s2*.json config; TTS._get_ref_spec)
 SPEC_SAMPLE_RATE = 32000
 SPEC_N_FFT = 2048
 SPEC_HOP = 640

@@ -1,6 +1,6 @@
 """A content-keyed LRU cache of prepared references, bounded in entries and in bytes.
 
-The key is what the features depend on (spec §4, STYLE.md rule 9): the sha256 of the reference
+The key is what the features depend on, never where they came from: the sha256 of the reference
 audio bytes (and of each auxiliary clip), the prompt text and language, and the identity of the
 model set. A path never is part of the key, so an edited file is a new entry and two users' clips
 never collide. The cache is owned by whoever builds it (a :class:`~engine.pipeline.Studio` or a

@@ -1,4 +1,5 @@
-"""v3/v4 log-mel spectrograms and their normalisation (spec §8.3): pure functions.
+"""v3/v4 log-mel spectrograms and their normalisation (official ``TTS.py`` ``mel_fn``/``mel_fn_v4``,
+``norm_spec``/``denorm_spec``): pure functions.
 
 ``mel_spectrogram`` reproduces the official ``mel_spectrogram_torch`` (reflect padding of
 (n_fft - hop)/2 per side, ``center=False`` STFT with a periodic Hann window, magnitude

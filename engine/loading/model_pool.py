@@ -5,7 +5,7 @@ plus the vocoder for v3/v4 or the speaker-verification net for v2Pro*), loaded o
 per request and shareable between threads; (2) ``ModelPool`` owns loaded networks keyed by weight
 file (and device/dtype), evicts the least recently used ones past a byte budget, and refuses
 weight paths outside the allowed folders. Each request names its own weights, so two users never
-swap each other's model (the official global ``set_*_weights`` does; upstream issue #1037).
+swap each other's model (the official global ``set_*_weights`` does; RVC-Boss/GPT-SoVITS issue #1037).
 """
 
 from __future__ import annotations
@@ -148,7 +148,7 @@ class Models:
 
     @property
     def output_sample_rate(self) -> int:
-        """32000 for v1/v2/v2Pro*, 24000 for v3, 48000 for v4 (spec §9.4)."""
+        """32000 for v1/v2/v2Pro*, 24000 for v3, 48000 for v4 (``output_sr`` in the official ``TTS.run``)."""
         return {"v3": 24000, "v4": 48000}.get(self.version, self.sovits_sample_rate)
 
 

@@ -1,4 +1,5 @@
-"""SoVITS acoustic model for v1 / v2 / v2Pro / v2ProPlus (spec §7): semantic tokens + phones -> 32 kHz audio.
+"""SoVITS acoustic model for v1 / v2 / v2Pro / v2ProPlus (official ``GPT_SoVITS/module/models.py``,
+``SynthesizerTrn``): semantic tokens + phones -> 32 kHz audio.
 
 ``SynthesizerTrn`` holds the inference half of the official model (no posterior encoder ``enc_q``),
 with the official parameter names. Sizes come from :class:`SoVITSDims`, read from the checkpoint's hps.
@@ -98,7 +99,7 @@ class SoVITSDims:
             upsample_initial_channel=int(model["upsample_initial_channel"]),
             upsample_kernel_sizes=tup(model["upsample_kernel_sizes"]),
             gin_channels=int(model["gin_channels"]),
-            semantic_frame_rate="25hz",  # TTS.py forces 25hz (spec §2.3)
+            semantic_frame_rate="25hz",  # TTS.init_vits_weights forces 25hz
             sv_dim=int(sv_dim),
         )
 

@@ -181,7 +181,7 @@ def test_v3_files_are_delegated(monkeypatch) -> None:
     path = conformance_root() / "v3v4" / "fixture_v3_e8_s64.pth"
     if not path.exists():
         pytest.skip("no v3 fixture")
-    monkeypatch.setitem(sys.modules, "engine.loading.sovits_v3", None)  # as if issue 5 were not there
+    monkeypatch.setitem(sys.modules, "engine.loading.sovits_v3", None)  # as if the v3/v4 loader were absent
     with pytest.raises(CheckpointError, match="v3/v4 is not supported yet"):
         load_sovits(path)
     monkeypatch.undo()

@@ -1,4 +1,5 @@
-"""Symbol tables, clean_text dispatch rules and language routing of the text frontend (spec §3.1, §3.4)."""
+"""Symbol tables, clean_text dispatch rules and language routing of the text frontend (official text/symbols2.py,
+text/cleaner.py clean_text, TextPreprocessor.get_phones_and_bert)."""
 
 from __future__ import annotations
 
