@@ -23,7 +23,7 @@ from torch import nn
 from engine.errors import CheckpointError, OptionsError
 from engine.lru import LRUCache
 from engine.runtime import Runtime
-from engine.versions import VOCODER_VERSIONS
+from engine.versions import VOCODER_VERSIONS, uses_speaker_embedding
 
 log = logging.getLogger(__name__)
 
@@ -288,7 +288,7 @@ class ModelPool:
             path = check_weight_path(weights.extra("vocoder", version), (), f"{version} vocoder (vocoder_path)")
             vocoder = self._get("vocoder", path, runtime, pinned, version, weights.vocoder_backend,
                                 weights.vocoder_package)
-        if version in ("v2Pro", "v2ProPlus"):
+        if uses_speaker_embedding(version):
             path = check_weight_path(weights.extra("sv", version), (), "speaker-verification weights (sv_weights_path)")
             sv = self._get("sv", path, runtime, pinned)
         self._cache.evict(self.max_bytes, keep=set(pinned))  # the set just handed out stays

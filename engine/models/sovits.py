@@ -17,7 +17,7 @@ from torch.nn import functional as F
 
 from engine.models.hifigan import Generator
 from engine.models.sovits_modules import MelStyleEncoder, ResidualCouplingBlock, SemanticQuantizer, TextEncoder
-from engine.versions import PRO_VERSIONS
+from engine.versions import DIRECT_VERSIONS, PRO_VERSIONS
 
 SSL_DIM = 768  # chinese-hubert-base hidden size, hard-coded in the official model
 CODEBOOK_SIZE = 1024
@@ -50,7 +50,7 @@ class SoVITSDims:
     sv_dim: int = SV_DIM  # v2Pro*: speaker-embedding length (20480 officially; read from sv_emb.weight)
 
     def __post_init__(self) -> None:
-        if self.version not in ("v1", "v2") + PRO_VERSIONS:
+        if self.version not in DIRECT_VERSIONS:
             raise ValueError(f"SoVITSDims covers v1/v2/v2Pro/v2ProPlus, not {self.version!r}")
         if self.resblock != "1":
             raise ValueError(f"only resblock '1' is supported (official configs), got {self.resblock!r}")
