@@ -1,10 +1,11 @@
 """Audio I/O and DSP as pure functions: read, mono mix-down, resampling, the SoVITS linear
-spectrogram (spec §4.2) and the Kaldi fbank of the speaker-verification front end (spec §4.3).
+spectrogram (official ``TTS.py`` ``TTS._get_ref_spec``) and the Kaldi fbank of the speaker-verification
+front end (official ``GPT_SoVITS/sv.py`` ``SV.compute_embedding3``).
 
 Resampling follows the official choices: ``resample_soxr`` reproduces ``librosa.load(sr=16000)``
-(soxr "HQ", used for the HuBERT prompt path, §4.1) and ``resample_sinc`` reproduces
+(soxr "HQ", used for the HuBERT prompt path, ``TTS._set_prompt_semantic``) and ``resample_sinc`` reproduces
 ``torchaudio.transforms.Resample`` (windowed sinc, used for the 32 kHz spectrogram path and the
-32 -> 16 kHz SV path, §4.2). Nothing here keeps state except bounded caches of pure values.
+32 -> 16 kHz SV path, ``TTS._get_ref_spec``). Nothing here keeps state except bounded caches of pure values.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ MIN_SAMPLE_RATE = 8000  # below this a file cannot carry the 0-8 kHz band HuBERT
 MAX_SAMPLE_RATE = 384000
 DEFAULT_MAX_SECONDS = 600.0  # refuse to decode more than this much audio in one read (bounded memory)
 
-# SoVITS reference spectrogram (hps.data of every official config; spec §4.2)
+# SoVITS reference spectrogram (hps.data of every official s2*.json config; TTS._get_ref_spec)
 SPEC_SAMPLE_RATE = 32000
 SPEC_N_FFT = 2048
 SPEC_HOP = 640
@@ -146,20 +147,23 @@ def resample_soxr(x: np.ndarray, sr_in: int, sr_out: int) -> np.ndarray:
 
 
 def resample_sinc(x: torch.Tensor, sr_in: int, sr_out: int) -> torch.Tensor:
-    """Resample along the last axis as ``torchaudio.transforms.Resample(sr_in, sr_out)`` (defaults:
-    Hann-windowed sinc, lowpass_filter_width 6, rolloff 0.99)."""
+    """Resample float32 along the last axis as ``torchaudio.transforms.Resample(sr_in, sr_out)`` (defaults:
+    Hann-windowed sinc, lowpass_filter_width 6, rolloff 0.99), on ``x``'s device, as the official
+    ``TTS.py`` ``resample`` does."""
     if sr_in == sr_out:
         return x
-    # computed on CPU (the cached transform is shared and never moved), returned on x's device
-    return _sinc_resampler(int(sr_in), int(sr_out))(x.float().cpu()).to(x.device)
+    with torch.no_grad():
+        return _sinc_resampler(int(sr_in), int(sr_out), str(x.device))(x.float())
 
 
 @lru_cache(maxsize=16)
-def _sinc_resampler(sr_in: int, sr_out: int) -> torch.nn.Module:
-    """The torchaudio transform itself: its float64-built kernel makes it bit-identical to TTS.py's."""
+def _sinc_resampler(sr_in: int, sr_out: int, device: str) -> torch.nn.Module:
+    """The torchaudio transform itself, one per device, never mutated. It builds its kernel in
+    float64 and stores it as float32; the functional form would build it in the input dtype, which
+    differs in the last bits from the official path."""
     import torchaudio.transforms as AT
 
-    return AT.Resample(sr_in, sr_out)
+    return AT.Resample(sr_in, sr_out).to(device)
 
 
 def limit_peak(audio: torch.Tensor) -> torch.Tensor:
@@ -170,9 +174,24 @@ def limit_peak(audio: torch.Tensor) -> torch.Tensor:
     return audio
 
 
-@lru_cache(maxsize=8)
-def _hann_window(win_length: int) -> torch.Tensor:
-    return torch.hann_window(win_length)  # periodic, float32, CPU; never mutated
+@lru_cache(maxsize=16)
+def _hann_window(win_length: int, dtype: torch.dtype, device: str) -> torch.Tensor:
+    return torch.hann_window(win_length).to(dtype=dtype, device=device)  # periodic; never mutated
+
+
+def stft_magnitude(audio: torch.Tensor, n_fft: int, hop_length: int, win_length: int) -> torch.Tensor:
+    """(B, n) -> (B, n_fft//2+1, n // hop): the magnitude STFT of the official ``mel_processing.py``.
+
+    Reflect-pads (n_fft - hop) / 2 samples on each side, periodic Hann window, ``center=False``
+    onesided STFT, ``sqrt(re^2 + im^2 + 1e-8)``, in ``audio``'s dtype. Callers check the length.
+    """
+    pad = (n_fft - hop_length) // 2
+    x = torch.nn.functional.pad(audio.unsqueeze(1), (pad, pad), mode="reflect").squeeze(1)
+    window = _hann_window(win_length, x.dtype, str(x.device))
+    spec = torch.stft(x, n_fft, hop_length=hop_length, win_length=win_length, window=window,
+                      center=False, normalized=False, onesided=True, return_complex=True)
+    spec = torch.view_as_real(spec)  # (B, bins, frames, 2)
+    return torch.sqrt(spec.pow(2).sum(-1) + 1e-8)
 
 
 def linear_spectrogram(
@@ -190,13 +209,7 @@ def linear_spectrogram(
         raise ReferenceAudioError(
             f"audio of {audio.shape[-1]} samples is too short for a spectrogram (needs more than {pad})"
         )
-    x = audio.float()
-    x = torch.nn.functional.pad(x.unsqueeze(1), (pad, pad), mode="reflect").squeeze(1)
-    window = _hann_window(win_length).to(x.device)
-    spec = torch.stft(x, n_fft, hop_length=hop_length, win_length=win_length, window=window,
-                      center=False, normalized=False, onesided=True, return_complex=True)
-    spec = torch.view_as_real(spec)  # (B, bins, frames, 2)
-    return torch.sqrt(spec.pow(2).sum(-1) + 1e-8)
+    return stft_magnitude(audio.float(), n_fft, hop_length, win_length)
 
 
 def kaldi_fbank(wav16k: torch.Tensor, num_mel_bins: int = 80) -> torch.Tensor:

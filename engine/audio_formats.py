@@ -1,10 +1,10 @@
 """Audio encoders for the HTTP responses: mono int16 PCM in, bytes of a media type out.
 
-The api_v2 media types are ``wav raw ogg aac`` (spec §10.1); the OpenAI endpoint adds ``mp3 opus
-flac pcm``. Every function here is pure (no state outside its arguments), so one request's audio can
-never reach another's response. Streaming follows the official server: a WAV stream is one header
-with zero frames followed by raw PCM; every other type encodes each chunk as a self-contained
-stream (chained Ogg, concatenated ADTS frames), which players accept.
+The api_v2 media types are ``wav raw ogg aac`` (official ``api_v2.py`` ``check_params``); the OpenAI
+endpoint adds ``mp3 opus flac pcm``. Every function here is pure (no state outside its arguments), so
+one request's audio can never reach another's response. Streaming follows the official server: a WAV
+stream is one header with zero frames followed by raw PCM; every other type encodes each chunk as a
+self-contained stream (chained Ogg, concatenated ADTS frames), which players accept.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 A file has version sections (``v1 v2 v2Pro v2ProPlus v3 v4``) and an optional ``custom`` section,
 each with the seven official keys. Sections in the file replace the built-in defaults section by
-section; the active section is ``custom`` when present, else ``v2`` (spec §1.2). Paths that are
+section; the active section is ``custom`` when present, else ``v2`` (official ``TTS.py``
+``TTS_Config.__init__``). Paths that are
 empty or missing fall back to the same key of the active version's section, as the official code does.
 """
 

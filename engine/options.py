@@ -1,9 +1,10 @@
 """Per-request synthesis options and engine settings: defaults exist here once, checked in one place.
 
-``SynthesisOptions`` holds the options of the official ``TTS.run`` with its defaults (spec §9.1;
+``SynthesisOptions`` holds the options of the official ``TTS.run`` with its defaults (its ``inputs.get`` calls;
 ``engine/data/model_configs.json`` "TTS.run defaults"). It is frozen and validated in
 ``__post_init__``; invalid values raise :class:`OptionsError` naming the field. Unlike the official
-``run``, nothing here rewrites a flag: the official mode rules (spec §9.2) are applied by
+``run``, nothing here rewrites a flag: the official mode rules (the flag rewrites at the start of
+``TTS.run``) are applied by
 :func:`resolve_plan`, which returns the effective :class:`SynthesisPlan` and says, in ``notes``,
 every flag it had to override and why. The CLI, the HTTP API and the UI all build this one type.
 
@@ -124,7 +125,7 @@ def option_names() -> tuple[str, ...]:
     return tuple(f.name for f in fields(SynthesisOptions))
 
 
-# ---- mode resolution (spec §6.1, §9.2) ------------------------------------------------------
+# ---- mode resolution (the flag rewrites at the start of the official TTS.run) ---------------
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,7 @@ class SynthesisPlan:
     """What a request will actually do once the official mode rules are applied."""
 
     t2s_loop: str  # "batch" (parallel, left-padded), "naive" (one sentence at a time) or "stream"
-    streaming: bool  # token-chunk streaming of SoVITS audio (spec §6.6, §9.6)
+    streaming: bool  # token-chunk streaming of SoVITS audio (official streaming_mode)
     return_fragment: bool  # sentences featurised lazily per batch (no bucketing, no punctuation collapse)
     split_bucket: bool  # sort sentences into length buckets
     parallel_infer: bool  # effective parallel flag (batched CFM for v3/v4)
@@ -143,7 +144,7 @@ class SynthesisPlan:
 def resolve_plan(options: SynthesisOptions, version: str) -> SynthesisPlan:
     """Apply the official ``TTS.run`` mode rules for a model ``version`` and explain each override.
 
-    In order (spec §9.2): T2S loop selection; v3/v4 + streaming -> return_fragment; parallel +
+    In the order of the official ``TTS.run``: T2S loop selection; v3/v4 + streaming -> return_fragment; parallel +
     streaming -> parallel off; return_fragment + streaming -> return_fragment off; streaming or
     return_fragment -> no bucketing; speed_factor != 1 or (v3/v4 and parallel) -> no bucketing.
     """

@@ -1,9 +1,9 @@
 """The synthesis pipeline: text + reference + options in, an iterator of audio results out.
 
-Two objects (STYLE.md rule 4):
+Two objects, language-blind models apart from a language-aware pipeline:
 
 * :class:`VoiceCloner` — one model set. Responsibilities: (1) text processing and the preparation of
-  references (cached by content), (2) running the official ``TTS.run`` flow (spec §9.3) and
+  references (cached by content), (2) running the official ``TTS.py`` ``TTS.run`` flow and
   yielding one :class:`Result` per sentence, or per token chunk when streaming. Streaming and
   whole-file synthesis share this one path: :func:`join` concatenates the results into exactly
   the official whole-file output.
@@ -143,7 +143,7 @@ def join(results: Sequence[Result] | Iterator[Result]) -> tuple[int, np.ndarray]
 
 
 def bucket_batches(lengths: Sequence[int], batch_size: int, threshold: float, split_bucket: bool) -> list[list[int]]:
-    """The official ``to_batch`` grouping: sentence indices per batch (spec §9.3 step 3)."""
+    """The official ``TTS.to_batch`` grouping: sentence indices per batch."""
     n = len(lengths)
     if not split_bucket:
         return [list(range(i, min(i + batch_size, n))) for i in range(0, n, batch_size)]
@@ -553,8 +553,8 @@ class VoiceCloner:
     def _stream_sentence(self, s: _Sentence, ref: PreparedReference, opts: SynthesisOptions, decoder: T2SDecoder,
                          params: SamplingParams, rules: StopRules, gen: torch.Generator,
                          ) -> Iterator[tuple[np.ndarray, tuple[int, ...], str, bool]]:
-        """Official token-chunk streaming of one sentence (spec §9.6): chunks at mute tokens, decode the
-        newest frames cross-faded with the previous latent, SOLA-join the audio.
+        """Official token-chunk streaming of one sentence (the streaming branch of ``TTS.run``): chunks at
+        mute tokens, decode the newest frames cross-faded with the previous latent, SOLA-join the audio.
 
         Yields ``(audio, tokens, kind, ends_sentence)`` as soon as each chunk is decoded."""
         from engine.acoustic.streaming import chunk_tokens, decode_streaming

@@ -1,9 +1,10 @@
-"""Reference clip -> what the models need from it (spec §4): prompt semantic tokens, the SoVITS
-linear spectrogram and, for v2Pro/v2ProPlus, the speaker-verification embedding.
+"""Reference clip -> what the models need from it (official ``TTS.py`` ``TTS.set_ref_audio``): prompt
+semantic tokens, the SoVITS linear spectrogram and, for v2Pro/v2ProPlus, the speaker-verification
+embedding.
 
 Responsibilities: validate a clip with typed errors (length, silence, clipping) and turn it into
-features with the official numerics. Everything here is a pure function of its inputs; a bounded
-cache belongs to the caller (issue 6).
+features with the official numerics. Everything here is a pure function of its inputs; the bounded
+cache of prepared references belongs to the caller (:mod:`engine.reference_cache`).
 """
 
 from __future__ import annotations
@@ -181,7 +182,7 @@ def _check_content(audio: np.ndarray, sr: int, rules: ReferenceRules, what: str)
             )
 
 
-# ---- features (spec §4.1-§4.3) --------------------------------------------------------------
+# ---- features (TTS.py _set_prompt_semantic, _get_ref_spec; sv.py SV.compute_embedding3) -------
 
 
 def reference_wav16k(clip: ReferenceClip) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""v3/v4 synthesis: SoVITS features -> CFM mel chunks -> vocoder audio (spec §8.3-§8.5).
+"""v3/v4 synthesis: SoVITS features -> CFM mel chunks -> vocoder audio (official ``TTS.py``
+``TTS.using_vocoder_synthesis`` and ``TTS.using_vocoder_synthesis_batched_infer``).
 
 Two paths, as in the official ``TTS.py``:
 

@@ -1,4 +1,4 @@
-"""SSL (HuBERT) features for prompt tokens (spec §4.1).
+"""SSL (HuBERT) features for prompt tokens (official ``TTS.py`` ``TTS._set_prompt_semantic``).
 
 The official ``chinese-hubert-base`` folder is a HuggingFace Hubert folder (``config.json`` +
 ``pytorch_model.bin``/``model.safetensors`` [+ ``preprocessor_config.json``]). The TTS prompt path

@@ -1,4 +1,5 @@
-"""v3/v4 log-mel spectrograms and their normalisation (spec §8.3): pure functions.
+"""v3/v4 log-mel spectrograms and their normalisation (official ``TTS.py`` ``mel_fn``/``mel_fn_v4``,
+``norm_spec``/``denorm_spec``): pure functions.
 
 ``mel_spectrogram`` reproduces the official ``mel_spectrogram_torch`` (reflect padding of
 (n_fft - hop)/2 per side, ``center=False`` STFT with a periodic Hann window, magnitude
@@ -14,6 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from engine.audio import resample_sinc, stft_magnitude
 
 SPEC_MIN = -12.0  # official spec_min / spec_max of the CFM mel normalisation
 SPEC_MAX = 2.0
@@ -75,9 +78,9 @@ def slaney_mel_filterbank(sampling_rate: int, n_fft: int, n_mels: int, fmin: flo
 
 
 @functools.lru_cache(maxsize=16)
-def _basis_and_window(p: MelParams, dtype: torch.dtype, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _mel_basis(p: MelParams, dtype: torch.dtype, device: str) -> torch.Tensor:
     basis = torch.from_numpy(np.array(slaney_mel_filterbank(p.sampling_rate, p.n_fft, p.n_mels, p.fmin, p.fmax)))
-    return basis.to(dtype=dtype, device=device), torch.hann_window(p.win).to(dtype=dtype, device=device)
+    return basis.to(dtype=dtype, device=device)
 
 
 def mel_spectrogram(audio: torch.Tensor, p: MelParams) -> torch.Tensor:
@@ -87,13 +90,8 @@ def mel_spectrogram(audio: torch.Tensor, p: MelParams) -> torch.Tensor:
     pad = int((p.n_fft - p.hop) / 2)
     if audio.shape[-1] <= pad:
         raise ValueError(f"audio of {audio.shape[-1]} samples is too short for a {p.n_fft}-point mel")
-    basis, window = _basis_and_window(p, audio.dtype, str(audio.device))
-    y = torch.nn.functional.pad(audio.unsqueeze(1), (pad, pad), mode="reflect").squeeze(1)
-    spec = torch.stft(y, p.n_fft, hop_length=p.hop, win_length=p.win, window=window, center=False,
-                      normalized=False, onesided=True, return_complex=True)
-    spec = torch.view_as_real(spec)  # (B, F, frames, 2)
-    mag = torch.sqrt(spec.pow(2).sum(-1) + 1e-8)
-    return torch.log(torch.clamp(torch.matmul(basis, mag), min=1e-5))
+    mag = stft_magnitude(audio, p.n_fft, p.hop, p.win)  # (B, F, frames)
+    return torch.log(torch.clamp(torch.matmul(_mel_basis(p, audio.dtype, str(audio.device)), mag), min=1e-5))
 
 
 def norm_spec(x: torch.Tensor) -> torch.Tensor:
@@ -104,23 +102,6 @@ def norm_spec(x: torch.Tensor) -> torch.Tensor:
 def denorm_spec(x: torch.Tensor) -> torch.Tensor:
     """Inverse of :func:`norm_spec` (the vocoder's input scale)."""
     return (x + 1) / 2 * (SPEC_MAX - SPEC_MIN) + SPEC_MIN
-
-
-@functools.lru_cache(maxsize=8)
-def _resampler(orig_sr: int, new_sr: int, device: str):
-    import torchaudio
-
-    # The transform builds its kernel in float64 and stores it as float32; the functional form would
-    # build it in the input dtype, which differs in the last bits from the official path.
-    return torchaudio.transforms.Resample(orig_sr, new_sr).to(device)
-
-
-def resample(audio: torch.Tensor, orig_sr: int, new_sr: int) -> torch.Tensor:
-    """``torchaudio.transforms.Resample(orig_sr, new_sr)`` with its defaults, as TTS.py resamples."""
-    if orig_sr == new_sr:
-        return audio
-    with torch.no_grad():
-        return _resampler(int(orig_sr), int(new_sr), str(audio.device))(audio)
 
 
 def reference_mel(audio: torch.Tensor, sr: int, version: str) -> torch.Tensor:
@@ -137,5 +118,5 @@ def reference_mel(audio: torch.Tensor, sr: int, version: str) -> torch.Tensor:
         audio = audio.unsqueeze(0)
     if audio.shape[0] == 2:
         audio = audio.mean(0).unsqueeze(0)
-    audio = resample(audio, sr, p.sampling_rate)
+    audio = resample_sinc(audio, sr, p.sampling_rate)
     return norm_spec(mel_spectrogram(audio, p))

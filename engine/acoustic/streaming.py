@@ -1,4 +1,5 @@
-"""Token-chunk streaming for SoVITS v1/v2/v2Pro* (spec §6.6, §9.6): chunking of the T2S token stream
+"""Token-chunk streaming for SoVITS v1/v2/v2Pro* (official ``Text2SemanticDecoder.infer_panel_naive`` with
+``streaming_mode=True`` and the streaming branch of ``TTS.run``): chunking of the T2S token stream
 at mute-like tokens, and the official ``decode_streaming`` (decode only the newest latent frames,
 cross-faded with the previous chunk's latent).
 

@@ -7,7 +7,6 @@ with an explicit allow-list. The only non-tensor class the official files pickle
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 import pickle
@@ -21,9 +20,11 @@ from typing import Any
 import torch
 
 from engine.errors import CheckpointError
+from engine.loading.file_head import md5_head, read_header
 from engine.versions import VOCODER_VERSIONS
 
-# 2-byte tags that `process_ckpt.my_save2` writes over the zip's "PK" (spec §2.3):
+# 2-byte tags that `process_ckpt.my_save2` writes over the zip's "PK" (read back by `head2version` in
+# the official process_ckpt.py):
 # tag -> (symbol version, model version, is_lora)
 HEADER_VERSIONS: dict[bytes, tuple[str, str, bool]] = {
     b"00": ("v1", "v1", False),
@@ -37,7 +38,8 @@ HEADER_VERSIONS: dict[bytes, tuple[str, str, bool]] = {
 VERSION_HEADERS: dict[str, bytes] = {"v2Pro": b"05", "v2ProPlus": b"06"}
 LORA_HEADERS: dict[str, bytes] = {"v3": b"03", "v4": b"04"}
 
-# md5 of the first 8 KiB of the official pretrained SoVITS files (spec §2.3, step 1).
+# md5 of the first 8 KiB of the official pretrained SoVITS files (`hash_pretrained_dict` in the official
+# process_ckpt.py, the first test of `get_sovits_version_from_path_fast`).
 PRETRAINED_MD5: dict[str, tuple[str, str, bool]] = {
     "dc3c97e17592963677a4a1681f30c653": ("v2", "v2", False),  # s2G488k.pth (v1; fixed by the weights)
     "43797be674a37c1c83ee81081941ed0f": ("v2", "v3", False),  # s2Gv3.pth
@@ -46,7 +48,7 @@ PRETRAINED_MD5: dict[str, tuple[str, str, bool]] = {
     "c7e9fce2223f3db685cdfa1e6368728a": ("v2", "v2Pro", False),  # s2Gv2Pro.pth
     "66b313e39455b57ab1b0bc0b239c9d0a": ("v2", "v2ProPlus", False),  # s2Gv2ProPlus.pth
 }
-V1_MAX_BYTES = 82978 * 1024  # plain zips smaller than this are v1 (spec §2.3, step 3)
+V1_MAX_BYTES = 82978 * 1024  # plain zips smaller than this are v1 (get_sovits_version_from_path_fast, last test)
 V2_MAX_BYTES = 700 * 1024 * 1024  # ...smaller than this v2, larger a full v3 fine-tune
 
 
@@ -92,17 +94,6 @@ def as_plain_dict(config: Any) -> dict:
 _ALLOWED_GLOBALS = [(HParams, "utils.HParams")]
 # torch keeps its safe-globals list in a process-wide variable; serialise our scoped changes.
 _SAFE_GLOBALS_LOCK = threading.Lock()
-
-
-def read_header(path: str | os.PathLike) -> bytes:
-    """The first two bytes of a file (``b"PK"`` for a plain torch zip)."""
-    with open(path, "rb") as f:
-        return f.read(2)
-
-
-def md5_head(path: str | os.PathLike, size: int = 8192) -> str:
-    with open(path, "rb") as f:
-        return hashlib.md5(f.read(size)).hexdigest()
 
 
 def _check_file(path: Path, what: str) -> None:
@@ -163,7 +154,8 @@ def state_dict_of(obj: Any, path: str | os.PathLike, key: str | None = "weight")
 
 
 def sovits_version_from_file(path: str | os.PathLike) -> tuple[str, str, bool]:
-    """(symbol version, model version, is_lora) before the weights are read (spec §2.3, steps 1-3)."""
+    """(symbol version, model version, is_lora) before the weights are read: pretrained md5, then the 2-byte
+    header, then the file size, as the official ``process_ckpt.py`` ``get_sovits_version_from_path_fast``."""
     path = Path(path)
     _check_file(path, "SoVITS weights")
     known = PRETRAINED_MD5.get(md5_head(path))
@@ -183,7 +175,8 @@ def sovits_version_from_file(path: str | os.PathLike) -> tuple[str, str, bool]:
 
 
 def resolve_sovits_version(file_version: tuple[str, str, bool], weights: Mapping[str, torch.Tensor]) -> tuple[str, str, bool]:
-    """Correct the file-level guess with the weights, as ``TTS.init_vits_weights`` does (spec §2.3, step 4)."""
+    """Correct the file-level guess with the weights (``enc_p.text_embedding`` rows), as the official ``TTS.py``
+    ``TTS.init_vits_weights`` does."""
     _, model_version, is_lora = file_version
     emb = weights.get("enc_p.text_embedding.weight")
     symbol_version = "v1" if emb is not None and emb.shape[0] == 322 else "v2"

@@ -1,6 +1,7 @@
 """The official pretrained files each model version needs, fetched into the official folder layout.
 
-Layout (spec §2.1): everything under ``<root>/GPT_SoVITS/pretrained_models/``, the paths the
+Layout (official ``TTS.py`` ``TTS_Config.default_configs``): everything under
+``<root>/GPT_SoVITS/pretrained_models/``, the paths the
 official ``tts_infer.yaml`` names, so a downloaded tree works with both the official code and ours.
 Sources: the official weight repo ``lj1995/GPT-SoVITS`` on the Hugging Face hub, NVIDIA's
 ``nvidia/bigvgan_v2_24khz_100band_256x`` for the v3 vocoder, and (optional) the G2PW archive from
@@ -9,7 +10,8 @@ Sources: the official weight repo ``lj1995/GPT-SoVITS`` on the Hugging Face hub,
 ``huggingface_hub`` is imported only when something is actually fetched. Downloads resume (the hub
 client keeps partial files next to the target) and show its progress bars. After a download we
 verify what we can: the size and sha256 the hub reports for the file, and for the pretrained SoVITS
-files the md5 of their first 8 KiB that the official version detection keys on (spec §2.3).
+files the md5 of their first 8 KiB that the official version detection keys on (``process_ckpt.py``
+``get_sovits_version_from_path_fast``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from engine.errors import CheckpointError, EngineError
+from engine.loading.file_head import md5_head
 from engine.versions import VERSIONS
 
 WEIGHTS_REPO = "lj1995/GPT-SoVITS"
@@ -82,7 +85,7 @@ SV = _lj("sv/pretrained_eres2netv2w24s4ep4.ckpt", "ERes2NetV2 speaker-verificati
 BIGVGAN = tuple(Asset(BIGVGAN_REPO, n, BIGVGAN_FOLDER, "BigVGAN v2 24 kHz vocoder (v3)")
                 for n in ("config.json", "bigvgan_generator.pt"))
 
-# md5 heads: the official `hash_pretrained_dict` (spec §2.3, engine.loading.checkpoints.PRETRAINED_MD5)
+# md5 heads: the official `hash_pretrained_dict` (process_ckpt.py; engine.loading.checkpoints.PRETRAINED_MD5)
 ASSETS: dict[str, tuple[Asset, ...]] = {
     "v1": (GPT_V1, _lj("s2G488k.pth", "v1 SoVITS", "dc3c97e17592963677a4a1681f30c653")),
     "v2": (GPT_V2, _lj("gsv-v2final-pretrained/s2G2333k.pth", "v2 SoVITS", "6642b37f3dbb1f76882b69937c95a5f3")),
@@ -134,12 +137,6 @@ def verify(root: Path, asset: Asset, expected_sha256: str = "", expected_size: i
     if expected_sha256 and (digest := _sha256(path)) != expected_sha256:
         raise CheckpointError(f"{asset.what}: {path} has sha256 {digest}, the hub says {expected_sha256}; "
                               f"delete it and download again")
-
-
-def md5_head(path: Path, size: int = 8192) -> str:
-    """md5 of a file's first 8 KiB, the key of the official pretrained-file table."""
-    with open(path, "rb") as f:
-        return hashlib.md5(f.read(size)).hexdigest()
 
 
 def _sha256(path: Path) -> str:

@@ -5,15 +5,13 @@ plus the vocoder for v3/v4 or the speaker-verification net for v2Pro*), loaded o
 per request and shareable between threads; (2) ``ModelPool`` owns loaded networks keyed by weight
 file (and device/dtype), evicts the least recently used ones past a byte budget, and refuses
 weight paths outside the allowed folders. Each request names its own weights, so two users never
-swap each other's model (the official global ``set_*_weights`` does; upstream issue #1037).
+swap each other's model (the official global ``set_*_weights`` does; RVC-Boss/GPT-SoVITS issue #1037).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,8 +21,9 @@ import torch
 from torch import nn
 
 from engine.errors import CheckpointError, OptionsError
+from engine.lru import LRUCache
 from engine.runtime import Runtime
-from engine.versions import VOCODER_VERSIONS
+from engine.versions import VOCODER_VERSIONS, uses_speaker_embedding
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +148,7 @@ class Models:
 
     @property
     def output_sample_rate(self) -> int:
-        """32000 for v1/v2/v2Pro*, 24000 for v3, 48000 for v4 (spec §9.4)."""
+        """32000 for v1/v2/v2Pro*, 24000 for v3, 48000 for v4 (``output_sr`` in the official ``TTS.run``)."""
         return {"v3": 24000, "v4": 48000}.get(self.version, self.sovits_sample_rate)
 
 
@@ -260,16 +259,13 @@ class ModelPool:
     def __init__(self, max_bytes: int = 12 << 30, weight_roots: tuple[str, ...] = (),
                  loaders: dict[str, Callable[..., Any]] | None = None,
                  size_of: Callable[[Any], int] | None = None, t2s_decoder: str = "auto") -> None:
-        self.max_bytes = max_bytes
         self.t2s_decoder = t2s_decoder  # auto | fast | reference (see EngineSettings.t2s_decoder)
         self.weight_roots = tuple(weight_roots)
         self._loaders = {**DEFAULT_LOADERS, **(loaders or {})}
-        self._size_of = size_of or (lambda v: module_bytes(v[0] if isinstance(v, tuple) else v))
-        self._items: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
-        self._loading: dict[Hashable, threading.Lock] = {}
-        self.loads = self.hits = self.evictions = 0
+        size_of = size_of or (lambda v: module_bytes(v[0] if isinstance(v, tuple) else v))
+        # no entry limit; every network of the set being handed out is kept, even past max_bytes
+        self._cache: LRUCache[Hashable, Any] = LRUCache(max_bytes=max_bytes, size_of=size_of, name="model pool",
+                                                        log_level=logging.INFO)
 
     # ---- public ------------------------------------------------------------------------
     def models(self, weights: WeightSet, runtime: Runtime) -> Models:
@@ -292,72 +288,52 @@ class ModelPool:
             path = check_weight_path(weights.extra("vocoder", version), (), f"{version} vocoder (vocoder_path)")
             vocoder = self._get("vocoder", path, runtime, pinned, version, weights.vocoder_backend,
                                 weights.vocoder_package)
-        if version in ("v2Pro", "v2ProPlus"):
+        if uses_speaker_embedding(version):
             path = check_weight_path(weights.extra("sv", version), (), "speaker-verification weights (sv_weights_path)")
             sv = self._get("sv", path, runtime, pinned)
-        with self._lock:
-            self._evict_locked(self.max_bytes, keep=set(pinned))  # the set just handed out stays
+        self._cache.evict(self.max_bytes, keep=set(pinned))  # the set just handed out stays
         return Models(weights=weights, runtime=runtime, t2s=t2s, early_stop_num=early_stop, mute_similarity=sim,
                       sovits=sovits, version=version, sovits_sample_rate=sr, ssl=ssl, bert=bert, vocoder=vocoder,
                       sv=sv, t2s_fast=fast)
 
     def shrink(self, fraction: float = 0.5) -> int:
         """Drop least recently used networks until at most ``fraction`` of the bytes remain."""
-        with self._lock:
-            before = self._bytes
-            self._evict_locked(int(self._bytes * fraction))
-            return before - self._bytes
+        return self._cache.shrink(fraction)
 
     def stats(self) -> PoolStats:
-        with self._lock:
-            return PoolStats(self.loads, self.hits, self.evictions, len(self._items), self._bytes)
+        c = self._cache
+        return PoolStats(c.builds, c.hits, c.evictions, len(c), c.nbytes)
 
     def keys(self) -> list[Hashable]:
-        with self._lock:
-            return list(self._items)
+        return self._cache.keys()
 
     @property
     def nbytes(self) -> int:
-        return self._bytes
+        return self._cache.nbytes
+
+    @property
+    def max_bytes(self) -> int:
+        return self._cache.max_bytes
+
+    @property
+    def loads(self) -> int:
+        return self._cache.builds
+
+    @property
+    def hits(self) -> int:
+        return self._cache.hits
+
+    @property
+    def evictions(self) -> int:
+        return self._cache.evictions
 
     # ---- internals ---------------------------------------------------------------------
     def _get(self, kind: str, path: Path, rt: Runtime, pinned: list, *extra: Any) -> Any:
-        stage = {"t2s": "t2s", "sovits": "sovits", "ssl": "ssl", "bert": "bert", "vocoder": "vocoder", "sv": "sv"}[kind]
-        key = (kind, str(path), str(rt.device), str(rt.dtype_for(stage)), *extra)
+        key = (kind, str(path), str(rt.device), str(rt.dtype_for(kind)), *extra)
         pinned.append(key)
-        with self._lock:
-            if key in self._items:
-                self._items.move_to_end(key)
-                self.hits += 1
-                return self._items[key][0]
-            gate = self._loading.setdefault(key, threading.Lock())
-        with gate:
-            with self._lock:
-                if key in self._items:
-                    self._items.move_to_end(key)
-                    self.hits += 1
-                    return self._items[key][0]
-            log.info("loading %s weights %s on %s", kind, path, rt.device)
-            try:
-                value = self._loaders[kind](path, rt, *extra)
-            finally:
-                with self._lock:
-                    self._loading.pop(key, None)
-            size = self._size_of(value)
-            with self._lock:
-                self.loads += 1
-                self._items[key] = (value, size)
-                self._bytes += size
-                self._evict_locked(self.max_bytes, keep=set(pinned))
-            return value
 
-    def _evict_locked(self, max_bytes: int, keep: set | frozenset = frozenset()) -> None:
-        for key in list(self._items):
-            if self._bytes <= max_bytes:
-                break
-            if key in keep:
-                continue
-            _, size = self._items.pop(key)
-            self._bytes -= size
-            self.evictions += 1
-            log.info("model pool: evicted %s %s (%d bytes) to stay within %d bytes", key[0], key[1], size, max_bytes)
+        def load() -> Any:
+            log.info("loading %s weights %s on %s", kind, path, rt.device)
+            return self._loaders[kind](path, rt, *extra)
+
+        return self._cache.get_or_build(key, load, keep=set(pinned))[0]

@@ -1,6 +1,7 @@
 """SoVITS ``.pth`` -> module, for v1 / v2 / v2Pro / v2ProPlus (v3/v4 files go to ``sovits_v3``).
 
-Loading follows ``TTS.init_vits_weights`` (spec §2.3): version from the pretrained md5 / 2-byte
+Loading follows the official ``TTS.py`` ``TTS.init_vits_weights`` and ``process_ckpt.py``
+``get_sovits_version_from_path_fast``: version from the pretrained md5 / 2-byte
 header / size, corrected by the weights; dims from ``hps``; non-strict loading where the only
 tolerated gaps are the training-only ``enc_q`` tensors. Anything else missing is an error (a file of
 another kind fails clearly), and unexpected keys are reported on the result.

@@ -1,4 +1,4 @@
-"""SoVITS v3/v4 ``.pth`` -> ``SynthesizerTrnV3`` (spec §2.3), including LoRA files.
+"""SoVITS v3/v4 ``.pth`` -> ``SynthesizerTrnV3`` (official ``TTS.py`` ``TTS.init_vits_weights``), including LoRA files.
 
 * Full files: ``{"weight": fp16 state dict, "config": hps, "info": ...}``; ``wns1`` is stored with
   weight norm (folded here). The enc_p sizes come from ``hps["model"]``; the ``wns1`` and DiT sizes
@@ -8,7 +8,8 @@
   ``lora_alpha == r``: ``W <- W + B @ A`` for ``to_q``/``to_k``/``to_v``/``to_out.0``; every other
   tensor of the LoRA file replaces the base one.
 
-The version cannot always be read from a file (small user files are plain zips, spec §2.3), so the
+The version cannot always be read from a file (full v3 fine-tunes are saved as plain zips with no
+version header, official ``process_ckpt.py`` ``get_sovits_version_from_path_fast``), so the
 caller may pass it; otherwise the header / pretrained md5 / size rules decide, and failing those the
 ``model.version`` the WebUI writes into hps (the official loader would misread such a file as v2).
 """

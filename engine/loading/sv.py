@@ -1,4 +1,5 @@
-"""Speaker-verification checkpoint (``sv/pretrained_eres2netv2w24s4ep4.ckpt``) -> ERes2NetV2 (spec §2.4).
+"""Speaker-verification checkpoint (``sv/pretrained_eres2netv2w24s4ep4.ckpt``) -> ERes2NetV2 (official
+``GPT_SoVITS/sv.py``, ``SV.__init__``).
 
 The official file is a plain state dict loaded strictly into ``ERes2NetV2(baseWidth=24, scale=4,
 expansion=4)`` (sizes hard-coded in ``sv.py``). We read the sizes from the tensors instead, which

@@ -1,4 +1,5 @@
-"""Vocoder files -> modules: the BigVGAN folder (v3) and ``vocoder.pth`` (v4), spec §2.4.
+"""Vocoder files -> modules: the BigVGAN folder (v3) and ``vocoder.pth`` (v4), as the official ``TTS.py``
+``TTS.init_vocoder`` loads them.
 
 * BigVGAN: a folder with ``config.json`` and ``bigvgan_generator.pt`` (``{"generator": state_dict}``),
   stored with weight norm (``weight_g``/``weight_v``) or already without it. The pairs are folded

@@ -1,4 +1,4 @@
-"""BigVGAN-v2 generator (the v3 vocoder, spec §8.8), with weight norm already folded.
+"""BigVGAN-v2 generator (the v3 vocoder, official ``GPT_SoVITS/BigVGAN/bigvgan.py``), with weight norm already folded.
 
 Anti-aliased periodic activations: each Snake/SnakeBeta runs at twice the sample rate between a
 Kaiser-sinc upsampler and downsampler (12 taps, replicate padding). The filters are checkpoint

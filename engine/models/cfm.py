@@ -1,4 +1,4 @@
-"""Conditional flow matching sampler of v3/v4 (official ``models.CFM.inference``, spec §8.6).
+"""Conditional flow matching sampler of v3/v4 (official ``GPT_SoVITS/module/models.py``, ``CFM.inference``).
 
 The initial noise is an argument: a tensor, or a callable ``noise(shape, dtype, device)``, so a run
 can replay recorded noise. Classifier-free guidance is not implemented: the official pipeline

@@ -1,4 +1,4 @@
-"""The DiT velocity estimator of the v3/v4 CFM (the official ``f5_tts`` backbone, spec §8.7).
+"""The DiT velocity estimator of the v3/v4 CFM (official ``GPT_SoVITS/f5_tts/model/backbones/dit.py``, ``DiT``).
 
 Module and parameter names follow the official state dict (``cfm.estimator.*``), so a
 checkpoint loads without renaming. Shapes: B batch, T frames, C channels.

@@ -1,4 +1,4 @@
-"""HiFi-GAN v1 style generator (spec §7.7 and §8.9): latent frames -> waveform.
+"""HiFi-GAN v1 style generator (official ``GPT_SoVITS/module/models.py``, ``Generator``): latent frames -> waveform.
 
 The same class is the SoVITS v1/v2/v2Pro* decoder (``dec``, conditioned on the style vector,
 ``is_bias=False``) and the v4 vocoder (mel in, ``gin_channels=0``, ``is_bias=True``). Convs hold

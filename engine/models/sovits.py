@@ -1,4 +1,5 @@
-"""SoVITS acoustic model for v1 / v2 / v2Pro / v2ProPlus (spec §7): semantic tokens + phones -> 32 kHz audio.
+"""SoVITS acoustic model for v1 / v2 / v2Pro / v2ProPlus (official ``GPT_SoVITS/module/models.py``,
+``SynthesizerTrn``): semantic tokens + phones -> 32 kHz audio.
 
 ``SynthesizerTrn`` holds the inference half of the official model (no posterior encoder ``enc_q``),
 with the official parameter names. Sizes come from :class:`SoVITSDims`, read from the checkpoint's hps.
@@ -16,7 +17,7 @@ from torch.nn import functional as F
 
 from engine.models.hifigan import Generator
 from engine.models.sovits_modules import MelStyleEncoder, ResidualCouplingBlock, SemanticQuantizer, TextEncoder
-from engine.versions import PRO_VERSIONS
+from engine.versions import DIRECT_VERSIONS, PRO_VERSIONS
 
 SSL_DIM = 768  # chinese-hubert-base hidden size, hard-coded in the official model
 CODEBOOK_SIZE = 1024
@@ -49,7 +50,7 @@ class SoVITSDims:
     sv_dim: int = SV_DIM  # v2Pro*: speaker-embedding length (20480 officially; read from sv_emb.weight)
 
     def __post_init__(self) -> None:
-        if self.version not in ("v1", "v2") + PRO_VERSIONS:
+        if self.version not in DIRECT_VERSIONS:
             raise ValueError(f"SoVITSDims covers v1/v2/v2Pro/v2ProPlus, not {self.version!r}")
         if self.resblock != "1":
             raise ValueError(f"only resblock '1' is supported (official configs), got {self.resblock!r}")
@@ -98,7 +99,7 @@ class SoVITSDims:
             upsample_initial_channel=int(model["upsample_initial_channel"]),
             upsample_kernel_sizes=tup(model["upsample_kernel_sizes"]),
             gin_channels=int(model["gin_channels"]),
-            semantic_frame_rate="25hz",  # TTS.py forces 25hz (spec §2.3)
+            semantic_frame_rate="25hz",  # TTS.init_vits_weights forces 25hz
             sv_dim=int(sv_dim),
         )
 

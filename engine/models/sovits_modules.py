@@ -1,4 +1,5 @@
-"""Building blocks of the SoVITS acoustic models (spec §7.3-§7.6), shared by v1/v2/v2Pro* and v3/v4.
+"""Building blocks of the SoVITS acoustic models (official ``GPT_SoVITS/module/``: ``attentions.py``,
+``modules.py``, ``mrte_model.py``, ``models.py``), shared by v1/v2/v2Pro* and v3/v4.
 
 Every class takes its sizes as arguments and holds no version logic; parameter names follow the
 official state-dict keys so checkpoints load unchanged.
@@ -115,7 +116,7 @@ class ChannelLayerNorm(nn.Module):
 
 
 # --------------------------------------------------------------------------------------------
-# VITS attention encoder (spec §7.4)
+# VITS attention encoder (official module/attentions.py: Encoder, MultiHeadAttention, FFN)
 
 
 class RelativeMultiHeadAttention(nn.Module):
@@ -241,7 +242,7 @@ class AttentionEncoder(nn.Module):
 
 
 # --------------------------------------------------------------------------------------------
-# MRTE and the prior text encoder (spec §7.4, §7.5)
+# MRTE and the prior text encoder (official module/mrte_model.py MRTE, module/models.py TextEncoder)
 
 
 class MRTE(nn.Module):
@@ -305,7 +306,7 @@ class TextEncoder(nn.Module):
 
 
 # --------------------------------------------------------------------------------------------
-# MelStyleEncoder (spec §7.3)
+# MelStyleEncoder (official module/modules.py MelStyleEncoder)
 
 
 class _Linear(nn.Module):
@@ -413,7 +414,7 @@ class MelStyleEncoder(nn.Module):
 
 
 # --------------------------------------------------------------------------------------------
-# semantic quantizer (spec §4.1 step 5)
+# semantic quantizer (official module/quantize.py ResidualVectorQuantizer; SynthesizerTrn.extract_latent)
 
 
 class _Codebook(nn.Module):
@@ -474,7 +475,8 @@ class SemanticQuantizer(nn.Module):
 
 
 # --------------------------------------------------------------------------------------------
-# WaveNet and the reverse normalising flow (spec §7.6)
+# WaveNet and the reverse normalising flow (official module/modules.py WN, ResidualCouplingLayer, Flip;
+# module/models.py ResidualCouplingBlock)
 
 
 class WN(nn.Module):

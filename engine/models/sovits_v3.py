@@ -1,4 +1,4 @@
-"""SoVITS v3/v4 acoustic model (official ``SynthesizerTrnV3``, spec §8.1-§8.2).
+"""SoVITS v3/v4 acoustic model (official ``GPT_SoVITS/module/models.py``, ``SynthesizerTrnV3``).
 
 Semantic tokens + phones + a reference spectrogram -> 512-d frame features at the mel rate
 (``decode_encp``), which condition the CFM (``cfm``) that generates a 100-band log-mel.

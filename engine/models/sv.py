@@ -1,4 +1,5 @@
-"""ERes2NetV2 speaker-verification network (spec §4.3), as used by v2Pro / v2ProPlus.
+"""ERes2NetV2 speaker-verification network (official ``GPT_SoVITS/eres2net/ERes2NetV2.py``), as used by v2Pro /
+v2ProPlus.
 
 Only ``embed_frames`` (the official ``forward3``) runs at inference: fbank (B, frames, 80) ->
 time-mean of the fused stage-3/4 feature map flattened over (channel, frequency) -> (B, 20480).

@@ -1,7 +1,8 @@
 """The T2S (GPT, "s1") model: phones + BERT features + prompt tokens -> semantic-token logits.
 
 A decoder-only transformer with a bidirectional prefix (phones) and a causal semantic stream
-(spec §5). Module and parameter names follow the official state dict (minus its ``model.``
+(official ``GPT_SoVITS/AR/models/t2s_model.py``, ``Text2SemanticDecoder``). Module and parameter names
+follow the official state dict (minus its ``model.``
 prefix), so official ``.ckpt`` weights load strictly. Only nn.Modules here: decoding lives in
 ``engine.t2s.decoding``.
 """

@@ -1,7 +1,8 @@
 """Autoregressive decoding of semantic tokens with a :class:`Text2SemanticModel`.
 
 Responsibilities: (1) run the prefix-LM attention with a per-request KV cache, (2) sample tokens
-with the official order of penalties and filters and the official stop rules (spec §6). The shared
+with the official order of penalties and filters (``AR/models/utils.py`` ``sample``) and the official stop
+rules (``AR/models/t2s_model.py`` ``Text2SemanticDecoder.infer_panel_*``). The shared
 model is never mutated; every request gets its own :class:`T2SDecoder`.
 
 Two loops mirror the official ones: :meth:`T2SDecoder.naive_steps` (one sentence, also the

@@ -25,7 +25,7 @@ from engine.loading.checkpoints import VERSION_HEADERS
 from engine.models.sovits import SoVITSDims, SynthesizerTrn
 from engine.models.sovits_modules import unfold_weight_norm, weight_norm_prefixes
 from engine.models.sv import ERes2NetV2, ERes2NetV2Dims
-from engine.versions import DIRECT_VERSIONS
+from engine.versions import DIRECT_VERSIONS, uses_speaker_embedding
 
 # hps.model sizes of the tiny files (like the conformance fixtures; hidden_channels stays 192: MRTE hard-codes it)
 TINY_MODEL = {"inter_channels": 96, "filter_channels": 96, "n_layers": 2, "upsample_initial_channel": 64}
@@ -55,7 +55,7 @@ def sovits_dims(version: str, full_size: bool = False) -> tuple[SoVITSDims, dict
     hps = official_hps(version)
     if not full_size:
         hps["model"].update(TINY_MODEL)
-        if version in ("v2Pro", "v2ProPlus"):
+        if uses_speaker_embedding(version):
             hps["model"]["gin_channels"] = TINY_PRO_GIN
     n_symbols = len(load_json("symbols_v1.json" if version == "v1" else "symbols_v2.json"))
     sv_dim = ERes2NetV2Dims().embedding_dim if full_size else TINY_SV.embedding_dim

@@ -1,5 +1,6 @@
 """Chinese BERT features (chinese-roberta-wwm-ext-large): one vector per character of the normalised Mandarin
-text from the third-to-last hidden state, repeated per phone (spec §3.10)."""
+text from the third-to-last hidden state, repeated per phone (official
+`GPT_SoVITS/TTS_infer_pack/TextPreprocessor.py`, `TextPreprocessor.get_bert_feature`)."""
 
 from __future__ import annotations
 

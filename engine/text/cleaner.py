@@ -1,5 +1,5 @@
 """`clean_text`: one language's text -> (phones, word2ph, norm_text), dispatching to the per-language frontends
-exactly as the official `text/cleaner.py` does (spec §3.4).
+exactly as the official `GPT_SoVITS/text/cleaner.py` `clean_text` does.
 
 Each language module `engine.text.<name>` provides ``normalize(text) -> str`` and
 ``g2p(norm_text) -> (phones, word2ph | None)``; Mandarin is `engine.text.chinese` (its g2p also takes the version).

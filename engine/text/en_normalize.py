@@ -1,6 +1,6 @@
 """English text normalisation, rule for rule what the official v2 frontend does before g2p.
 
-The official ``english.text_normalize`` (spec §3.6) does three things:
+The official ``GPT_SoVITS/text/english.py`` ``text_normalize`` does three things:
 
 1. maps the fullwidth sentence marks ``。！？`` to ``.!?`` (its other two replacement keys are
    regex-escaped bracket expressions that never match real text, so nothing else is mapped);

@@ -1,5 +1,6 @@
 """User text -> phones, phone ids, normalised text and BERT features: the official language routing of
-`TextPreprocessor.get_phones_and_bert` (spec §3.4) and the sentence preparation of `preprocess` (§3.3).
+`TextPreprocessor.get_phones_and_bert` and the sentence preparation of `TextPreprocessor.preprocess` (official
+`GPT_SoVITS/TTS_infer_pack/TextPreprocessor.py`).
 
 `TextFrontend` owns what this needs (the model version, the optional BERT feature extractor, the Mandarin
 g2p state); it holds no per-request state, so one instance can serve every request.

@@ -1,4 +1,5 @@
-"""Mixed-script language segmentation: the official ``LangSegmenter.getTexts`` (spec §3.4).
+"""Mixed-script language segmentation: the official ``LangSegmenter.getTexts``
+(``GPT_SoVITS/text/LangSegmenter/langsegmenter.py``).
 
 Responsibilities: cut text into runs of one language the way the official code does, i.e. split-lang's
 ``LangSplitter.split_by_lang`` with GPT-SoVITS's settings (its language map, ``merge_across_digit`` off)

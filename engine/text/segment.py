@@ -1,5 +1,6 @@
 """Sentence splitting of the target text: the official `cut0`..`cut5` methods, the long-sentence splitter and
-`TextPreprocessor.pre_seg_text` (spec §3.2, §3.3). Pure functions on strings.
+`TextPreprocessor.pre_seg_text` (official `GPT_SoVITS/TTS_infer_pack/text_segmentation_method.py` and
+`TextPreprocessor.py`). Pure functions on strings.
 
 Where the official code crashes (IndexError on empty pieces), these functions return an empty result instead;
 `pre_seg_text` raises TextError when nothing speakable is left.
@@ -175,7 +176,7 @@ def _first_clause(text: str) -> str:
 
 
 def pre_seg_text(text: str, lang: str, method: str) -> list[str]:
-    """The official `pre_seg_text`: sentences ready for `get_phones_and_bert` (spec §3.3 step 2).
+    """The official `TextPreprocessor.pre_seg_text`: sentences ready for `get_phones_and_bert`.
 
     Raises TextError when the text holds nothing but blanks/newlines (the official "请输入有效文本")."""
     split_fn = get_method(method)

@@ -1,4 +1,4 @@
-"""The official ``api_v2.py`` interface (spec §10): ``/tts``, ``/set_gpt_weights``, ``/set_sovits_weights``,
+"""The official ``api_v2.py`` interface: ``/tts``, ``/set_gpt_weights``, ``/set_sovits_weights``,
 ``/set_refer_audio``, ``/control``, with the official parameter names, defaults and response formats.
 
 Compatible: GET query or POST JSON with the ``TTS_Request`` fields; ``streaming_mode`` 0-3 or

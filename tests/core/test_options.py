@@ -1,4 +1,4 @@
-"""SynthesisOptions: official defaults, validation naming the field, and the §9.2 mode rules."""
+"""SynthesisOptions: official defaults, validation naming the field, and the mode rules of the official TTS.run."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def test_replace_and_from_mapping():
         SynthesisOptions.from_mapping({"media_type": "wav"})
 
 
-# (options, version) -> expected plan, read off the official rules (spec §6.1, §9.2)
+# (options, version) -> expected plan, read off the official rules (the flag rewrites at the start of TTS.run)
 PLAN_CASES = [
     ({}, "v2", dict(t2s_loop="batch", streaming=False, return_fragment=False, split_bucket=True, parallel_infer=True)),
     ({"parallel_infer": False}, "v2", dict(t2s_loop="naive", split_bucket=True)),

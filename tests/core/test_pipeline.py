@@ -1,7 +1,7 @@
 """The synthesis pipeline end to end on tiny random weights of every version: order, lengths, sample
 rates, seeds, caching, streaming, bad input. Decoding is bounded with ``early_stop_num`` to stay fast.
 
-Expected lengths come from the official relations (spec §9.3-§9.6): v1/v2/v2Pro* give
+Expected lengths come from the official relations (TTS.run, TTS.audio_postprocess): v1/v2/v2Pro* give
 ``2 * prod(upsample_rates)`` samples per semantic token (1280 with the official dims), v3
 ``floor(2N * 1.875) * 256``, v4 ``2N * 2 * 480``; every sentence is followed by
 ``int(32000 * fragment_interval)`` zeros (the SoVITS rate, even for v3/v4).
@@ -364,7 +364,7 @@ def test_a_request_closed_early_frees_its_state():
 
 
 def test_batch_is_voiced_in_one_decode_and_cut_at_token_boundaries():
-    """Official §9.3 step 6 (speed 1): the batch's tokens and phones are concatenated, decoded once, and the
+    """Official TTS.run at speed 1: the batch's tokens and phones are concatenated, decoded once, and the
     waveform is cut back at len_i * 2 * prod(upsample_rates) samples."""
     from engine.options import resolve_plan
     from engine.pipeline import _Sentence

@@ -56,7 +56,7 @@ def _with_fake_md5(assets):
 
 
 def test_every_version_gets_the_files_the_official_config_names() -> None:
-    """The targets are exactly the paths of the official TTS_Config.default_configs (spec §1, §2.1)."""
+    """The targets are exactly the paths of the official TTS_Config.default_configs (TTS.py)."""
     defaults = load_json("tts_infer_default.json")["TTS_Config.default_configs"]
     for version in VERSIONS:
         targets = {str(a.target) for a in dl.assets_for([version])}

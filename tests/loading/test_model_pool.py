@@ -1,5 +1,5 @@
 """ModelPool: LRU by bytes keyed by weight file, shared networks, allowed folders, and requests that
-name their own weights without disturbing each other (upstream issue #1037)."""
+name their own weights without disturbing each other (RVC-Boss/GPT-SoVITS issue #1037)."""
 
 from __future__ import annotations
 

@@ -19,6 +19,7 @@ from engine.models.sovits import SynthesizerTrn
 from engine.models.sovits_modules import unfold_weight_norm, weight_norm_prefixes
 from engine.testweights.sovits import sovits_dims, write_hubert_folder, write_sovits
 from engine.versions import DIRECT_VERSIONS as VERSIONS
+from engine.versions import uses_speaker_embedding
 from tests.support.paths import conformance_root
 
 HEADERS = {"v1": b"PK", "v2": b"PK", "v2Pro": b"05", "v2ProPlus": b"06"}
@@ -51,7 +52,7 @@ def test_load_and_decode(files, version: str) -> None:
     loaded = load_sovits(files[version])
     assert loaded.model_version == version
     assert loaded.symbol_version == ("v1" if version == "v1" else "v2")
-    assert loaded.needs_sv_embedding == (version in ("v2Pro", "v2ProPlus"))
+    assert loaded.needs_sv_embedding == uses_speaker_embedding(version)
     assert loaded.sampling_rate == 32000 and loaded.unexpected_keys == ()
     model = loaded.module
     assert not model.training and next(model.parameters()).dtype == torch.float32
@@ -181,7 +182,7 @@ def test_v3_files_are_delegated(monkeypatch) -> None:
     path = conformance_root() / "v3v4" / "fixture_v3_e8_s64.pth"
     if not path.exists():
         pytest.skip("no v3 fixture")
-    monkeypatch.setitem(sys.modules, "engine.loading.sovits_v3", None)  # as if issue 5 were not there
+    monkeypatch.setitem(sys.modules, "engine.loading.sovits_v3", None)  # as if the v3/v4 loader were absent
     with pytest.raises(CheckpointError, match="v3/v4 is not supported yet"):
         load_sovits(path)
     monkeypatch.undo()

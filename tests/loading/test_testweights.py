@@ -9,6 +9,7 @@ import pytest
 from engine.config import load_config
 from engine.loading.inspection import describe
 from engine.testweights import LAYOUT, PRETRAINED, VERSIONS, make_test_weights
+from engine.versions import uses_speaker_embedding
 from studio.cli import main
 
 KINDS = {"t2s_weights_path": "gpt", "vits_weights_path": "sovits", "bert_base_path": "bert",
@@ -32,7 +33,7 @@ def test_every_version_is_complete_and_recognised(tmp_path: Path, version: str) 
     extra = {"v3": "bigvgan", "v4": "vocoder"}.get(version)
     if extra:
         assert describe(config.active.vocoder_path)["kind"] == extra
-    if "Pro" in version:
+    if uses_speaker_embedding(version):
         assert describe(config.active.sv_weights_path)["kind"] == "sv"
 
 

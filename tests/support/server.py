@@ -14,7 +14,9 @@ import numpy as np
 import soundfile as sf
 import yaml
 
-VERSIONS = ("v1", "v2", "v2Pro", "v2ProPlus", "v3", "v4")
+from engine.versions import DIRECT_VERSIONS, VOCODER_VERSIONS
+
+VERSIONS = DIRECT_VERSIONS + VOCODER_VERSIONS  # the direct-audio versions first, then v3/v4
 MAX_TOKENS = 12  # the server's max_tokens_per_sentence: random weights rarely say EOS, so bound them
 
 

@@ -13,7 +13,9 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
-VERSIONS = ("v1", "v2", "v2Pro", "v2ProPlus", "v3", "v4")
+from engine.versions import DIRECT_VERSIONS, VOCODER_VERSIONS
+
+VERSIONS = DIRECT_VERSIONS + VOCODER_VERSIONS  # the direct-audio versions first, then v3/v4
 OUTPUT_RATE = {"v1": 32000, "v2": 32000, "v2Pro": 32000, "v2ProPlus": 32000, "v3": 24000, "v4": 48000}
 REF_TEXT = "Yesterday I walked to the old library and borrowed three books."
 

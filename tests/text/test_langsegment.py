@@ -38,7 +38,7 @@ class ReplayDetector:
 
 
 def route(text: str, option: str, detector) -> list[tuple[str, str]]:
-    """get_phones_and_bert's use of getTexts for each language option (spec §3.4), for checking segments."""
+    """How the official TextPreprocessor.get_phones_and_bert uses getTexts per language option."""
     if option in ("all_zh", "all_yue", "all_ja", "all_ko"):
         base = {"all_zh": "zh", "all_yue": "zh", "all_ja": "ja", "all_ko": "ko"}[option]
         segs = get_texts(text, base, detector)

@@ -1,5 +1,6 @@
 """Sentence splitting (cut0..cut5, split_big_text, merge_short_text_in_array, pre_seg_text): the official rules
-of spec §3.2/§3.3, and robustness on inputs where the official code raises IndexError."""
+of the official text_segmentation_method.py and TextPreprocessor.pre_seg_text, and robustness on inputs where
+the official code raises IndexError."""
 
 from __future__ import annotations
 
