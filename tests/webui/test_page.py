@@ -288,13 +288,25 @@ def test_share_link_or_the_reason_there_is_none(monkeypatch) -> None:
     assert message.startswith("warning: no share link") and "still served locally" in message
 
 
-def test_streamed_chunks_encode_without_an_ffmpeg_program() -> None:
-    from webui.streaming_audio import wav_to_adts
+def test_streamed_chunks_encode_without_an_ffmpeg_program(monkeypatch) -> None:
+    """One PyAV encoder per stream: chunks of any length in, whole ADTS frames out, nothing lost."""
+    import av
 
-    buf = io.BytesIO()
-    sf.write(buf, 0.1 * np.sin(np.arange(32000) / 10.0).astype(np.float32), 32000, format="WAV")
-    data, seconds = wav_to_adts(buf.getvalue())
-    assert seconds == pytest.approx(1.0) and data[:2] == b"\xff\xf1"  # ADTS sync word, MPEG-4 AAC
+    from webui.streaming_audio import PyAVAacStream, split_adts
+
+    monkeypatch.setenv("PATH", "")  # no ffmpeg program can be found
+    stream = PyAVAacStream(32000, 1)
+    tone = (3000 * np.sin(np.arange(48000) / 10.0)).astype("<i2")
+    frames = []
+    for piece in np.array_split(tone, 3):  # 16000 samples each: not a multiple of the 1024 of a frame
+        stream.feed(piece.tobytes())
+        frames += stream.take()
+    frames += stream.flush()
+    assert frames and all(f[:2] == b"\xff\xf1" for f in frames)  # ADTS sync word, MPEG-4 AAC
+    assert split_adts(b"".join(frames)) == frames
+    assert len(frames) * stream.frame_duration == pytest.approx(48000 / 32000, abs=3 * 1024 / 32000)
+    decoded = np.concatenate([f.to_ndarray().reshape(-1) for f in av.open(io.BytesIO(b"".join(frames))).decode(audio=0)])
+    assert abs(len(decoded) - 48000) <= 3 * 1024 and np.abs(decoded).max() > 0.05  # the tone, not silence
 
 
 def test_importing_the_ui_writes_nothing_into_the_tree() -> None:
