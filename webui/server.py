@@ -86,7 +86,7 @@ def create_webui_app(studio, config=None, ui_settings=None, server_settings=None
 
     from studio.http.app import create_app
     from studio.http.context import ServerSettings
-    from webui.app import ASSETS, UISettings, build_ui
+    from webui.app import ASSETS, UISettings, build_ui, page_i18n, page_theme
 
     server_settings = server_settings or ServerSettings()
     upload = server_settings.max_upload_bytes
@@ -98,4 +98,4 @@ def create_webui_app(studio, config=None, ui_settings=None, server_settings=None
     if auth:
         app.add_middleware(ApiBasicAuth, api=app, credentials=auth)
     return gr.mount_gradio_app(app, demo, path="/", auth=auth or None, max_file_size=upload,
-                               allowed_paths=[str(ASSETS)], show_error=True)
+                               allowed_paths=[str(ASSETS)], show_error=True, theme=page_theme(), i18n=page_i18n())

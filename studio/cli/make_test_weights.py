@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 
 from engine.versions import VERSIONS
 
@@ -15,8 +16,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.testweights import make_test_weights
+    from engine.testweights import TEST_TOKEN_CAP, make_test_weights
 
     config = make_test_weights(args.out_dir, args.version, args.full_size, args.seed)
     print(f"wrote a random {args.version} model set; config: {config}")
+    print(f"next, try it in the browser (random weights make noise, not speech; each sentence stops after "
+          f"{TEST_TOKEN_CAP / 25:g} s):\n  sovits-studio webui --config {shlex.quote(str(config))}")
     return 0

@@ -96,14 +96,59 @@ def test_reference_length_is_measured_and_bad_clips_are_explained(tmp_path) -> N
     assert describe_reference(str(REF), rules).startswith("✓ 5.85 s")
     t = np.arange(12 * 16000) / 16000
     long = _wav(tmp_path / "long.wav", 0.3 * np.sin(2 * np.pi * 220 * t))
-    assert "12.00 s" in describe_reference(str(long), rules) and "too long" in describe_reference(str(long), rules)
+    message = describe_reference(str(long), rules)
+    assert "12.00 s long" in message and "3–10 s" in message and "✂ trim" in message  # points to the page's tool
+    assert "ReferenceRules" not in message and "fit=" not in message
+    assert "剪辑" in describe_reference(str(long), rules, "zh-CN") and "12.00" in describe_reference(str(long), rules, "ja")
     silent = _wav(tmp_path / "silent.wav", np.zeros(4 * 16000))
-    assert "silent" in describe_reference(str(silent), rules)
+    message = describe_reference(str(silent), rules)
+    assert "silent" in message and "dBFS" not in message and "inf" not in message
+    assert "静音" in describe_reference(str(silent), rules, "zh-CN")
     text = tmp_path / "notes.wav"
     text.write_text("not audio at all")
     message = describe_reference(str(text), rules)
-    assert message.startswith("Problem:") and "cannot read audio" in message and str(tmp_path) not in message
+    assert "“notes.wav” is not an audio file" in message and "wav, flac, ogg or mp3" in message
+    assert str(tmp_path) not in message and "<" not in message and "object at" not in message
     assert describe_reference(None, rules) == ""
+
+
+def test_engine_errors_read_as_the_pages_user_needs_them() -> None:
+    from engine.errors import CheckpointError, OptionsError, ReferenceAudioError, TextError
+    from webui.messages import user_message
+
+    files = {"/tmp/gradio/ab12/clip.wav": "ref", "/tmp/gradio/cd34/notes.txt": "aux", "/w/s2G.pth": "gpt",
+             "/w/s1.ckpt": "sovits"}
+    unreadable = ReferenceAudioError("cannot read audio /tmp/gradio/cd34/notes.txt: Error opening "
+                                     "<_io.BytesIO object at 0x7f00aa>: Format not recognised.")
+    assert user_message(unreadable, "en", files).startswith("“notes.txt” is not an audio file")
+    assert "notes.txt" in user_message(unreadable, "ja", files) and "ファイル" in user_message(unreadable, "ja", files)
+    assert "not a GPT model" in user_message(CheckpointError("/w/s2G.pth is not a GPT-SoVITS GPT (.ckpt) file"), "en", files)
+    assert "not a SoVITS model" in user_message(CheckpointError("/w/s1.ckpt start with unknown bytes"), "en", files)
+    assert "does not exist" in user_message(CheckpointError("sovits_weights '/w/x.pth' does not exist"), "en", {})
+    assert user_message(TextError("text is empty"), "zh-CN") == "文本为空：请输入要说的话。"
+    odd = user_message(OptionsError("top_k <object object at 0xdeadbeef> out of range"), "en")
+    assert "top_k" in odd and "0xdeadbeef" not in odd
+
+
+def test_every_language_has_every_text_with_the_same_blanks() -> None:
+    import string
+
+    from webui import i18n
+
+    table = i18n.translations()
+    blanks = {k: {f for _, f, _, _ in string.Formatter().parse(v) if f} for k, v in table["en"].items()}
+    for locale in i18n.LOCALES:
+        assert set(table[locale]) == set(table["en"]), locale
+        for key, value in table[locale].items():
+            assert {f for _, f, _, _ in string.Formatter().parse(value) if f} == blanks[key], (locale, key)
+    assert i18n.normalize("zh-TW") == "zh-CN" and i18n.normalize("ja-JP") == "ja" and i18n.normalize("fr") == "en"
+    from engine.text.frontend import languages
+    from webui import form
+
+    needed = {f"lang.{c}" for c in languages("v2")} | {c.name for c in form.CONTROLS} | {
+        f"{c.name}.info" for c in form.CONTROLS} | {label for c in form.CONTROLS for label, _ in c.choices
+                                                     if not label.isdigit()}
+    assert needed <= set(table["en"])
 
 
 def test_no_reference_clip_is_a_readable_error() -> None:
@@ -199,7 +244,7 @@ def test_token_cap_applies_to_requests_without_one(studio) -> None:
 # ---- model lists --------------------------------------------------------------------------------
 
 
-def test_model_lists_show_each_files_detected_kind_and_version(sets, tmp_path) -> None:
+def test_model_lists_show_short_names_with_the_version_each_file_is_for(sets, tmp_path) -> None:
     from webui.models_list import ModelCatalog
 
     cfg2, gpt2, sovits2 = sets["v2"]
@@ -207,14 +252,51 @@ def test_model_lists_show_each_files_detected_kind_and_version(sets, tmp_path) -
     catalog = ModelCatalog(cfg2.parent, extra_dirs=(_pretrained(sets["v1"][0]),))
     gpts, sovitses = dict((v, k) for k, v in catalog.choices("gpt")), dict((v, k) for k, v in catalog.choices("sovits"))
     assert set(gpts) == {str(gpt2), str(gpt1)} and set(sovitses) == {str(sovits2), str(sovits1)}
-    assert sovitses[str(sovits2)].endswith("sovits v2") and sovitses[str(sovits1)].endswith("sovits v1")
-    assert gpts[str(gpt1)].endswith("gpt v1") and "gsv-v2final-pretrained" in gpts[str(gpt2)]
+    assert sovitses[str(sovits2)] == "v2 · s2G2333k.pth" and sovitses[str(sovits1)] == "v1 · s2G488k.pth"
+    assert gpts[str(gpt1)].startswith("v1 · s1bert25hz-2kh") and gpts[str(gpt2)].startswith("v2 · s1bert25hz-5kh")
+    assert [label[:2] for label, _ in catalog.choices("sovits")] == ["v1", "v2"]  # grouped by version
     # a file that is no weight file is left out
     (_pretrained(cfg2) / "broken.pth").write_bytes(b"garbage")
     try:
         assert str(_pretrained(cfg2) / "broken.pth") not in dict((v, k) for k, v in catalog.choices("sovits"))
     finally:
         (_pretrained(cfg2) / "broken.pth").unlink()
+
+
+def test_a_gpt_files_version_follows_the_official_names_and_folders(sets, tmp_path) -> None:
+    import shutil
+
+    from webui.models_list import ModelCatalog, mismatch
+
+    _, gpt2, sovits2 = sets["v2"]
+    _, gpt1, _ = sets["v1"]
+    (tmp_path / "GPT_weights_v4").mkdir()
+    (tmp_path / "deep" / "er" / "still").mkdir(parents=True)
+    for target in (tmp_path / "s1v3.ckpt", tmp_path / "GPT_weights_v4" / "mine-e15.ckpt",
+                   tmp_path / "deep" / "er" / "still" / "other.ckpt"):
+        shutil.copyfile(gpt2, target)
+    catalog = ModelCatalog(tmp_path / "nowhere", extra_dirs=(tmp_path,))  # a folder tree, searched in depth
+    labels = dict((v, k) for k, v in catalog.choices("gpt"))
+    assert labels[str(tmp_path / "s1v3.ckpt")] == "v3/v4/v2Pro/v2ProPlus · s1v3.ckpt"  # not "gpt v2"
+    assert labels[str(tmp_path / "GPT_weights_v4" / "mine-e15.ckpt")] == "v4 · mine-e15.ckpt"
+    assert labels[str(tmp_path / "deep" / "er" / "still" / "other.ckpt")].startswith("v2/v3/v4")
+    s1v3, v1_gpt, v2_sovits = (catalog.describe(p) for p in (tmp_path / "s1v3.ckpt", gpt1, sovits2))
+    assert mismatch(s1v3, v2_sovits) is None  # one symbol set: they belong together
+    assert mismatch(v1_gpt, v2_sovits) == ("v1",)
+
+
+def test_a_pair_that_does_not_belong_together_is_named(sets) -> None:
+    from webui import handlers
+    from webui.models_list import ModelCatalog
+
+    cfg2, gpt2, sovits2 = sets["v2"]
+    _, gpt1, _ = sets["v1"]
+    catalog = ModelCatalog(cfg2.parent, extra_dirs=(_pretrained(sets["v1"][0]),))
+    assert handlers.pair_note(catalog, str(gpt2), str(sovits2)) == ""
+    note = handlers.pair_note(catalog, str(gpt1), str(sovits2))
+    assert "do not belong together" in note and gpt1.name in note and "s2G2333k.pth" in note
+    assert "不配套" in handlers.pair_note(catalog, str(gpt1), str(sovits2), "zh-CN")
+    assert handlers.pair_note(catalog, "/nowhere.ckpt", str(sovits2)) == ""
 
 
 # ---- missing weights ----------------------------------------------------------------------------
@@ -230,7 +312,8 @@ def test_missing_weights_are_listed_and_the_download_explains_itself_offline(tmp
     missing = handlers.missing_weights(config, WeightSet.from_config(config))
     assert set(missing) == {"t2s_weights_path", "vits_weights_path", "bert_base_path", "cnhuhbert_base_path"}
     report = handlers.missing_report(missing, "v2")
-    assert "s2G2333k.pth" in report and "Download weights" in report
+    assert "s2G2333k.pth" in report and "Download the official weights" in report
+    assert "sovits-studio download --version v2" in report and "缺少模型文件" in handlers.missing_report(missing, "v2", "zh-CN")
 
     class OfflineHub:
         def hf_hub_download(self, **_):
@@ -238,7 +321,7 @@ def test_missing_weights_are_listed_and_the_download_explains_itself_offline(tmp
 
     monkeypatch.setattr(download, "_hub", lambda: OfflineHub())
     message = handlers.download_weights(tmp_path, "v2")
-    assert message.startswith("Download did not complete") and "cannot be reached" in message
+    assert message.startswith("The download did not complete") and "cannot be reached" in message
     assert "s2G2333k.pth" in message and not (tmp_path / "GPT_SoVITS" / "pretrained_models" / "s2G2333k.pth").exists()
 
 
