@@ -74,16 +74,22 @@ def page_i18n() -> gr.I18n:
 
 
 def build_ui(studio, config=None, catalog: ModelCatalog | None = None, settings: UISettings = UISettings(),
-             pool=None) -> gr.Blocks:
+             pool=None, super_sampler=None) -> gr.Blocks:
     """The web page for ``studio``; ``config`` (an InferConfig) enables the missing-weights panel.
 
     ``pool`` (a ``studio.http.runner.SynthesisRunner``) runs the syntheses; pass the HTTP API's so
     that page and API share one bounded set of workers. Default: a pool of one worker for this page.
+    ``super_sampler`` (an ``engine.acoustic.super_sampling.SuperSamplerStore``) holds the v3 AP-BWE
+    model; pass the HTTP API's so that it loads once. Default: one for this page (the official location).
     """
     from studio.http.context import ServerSettings
     from studio.http.runner import SynthesisRunner
 
+    from engine.acoustic.super_sampling import OFFICIAL_PATH, SuperSamplerStore
+
     pool = pool or SynthesisRunner(ServerSettings.workers, ServerSettings.max_queue)
+    super_sampler = super_sampler or SuperSamplerStore(Path(studio.default_weights.base_dir) / OFFICIAL_PATH,
+                                                       studio.runtime.device)
     catalog = catalog or ModelCatalog(studio.default_weights.base_dir)
     missing = handlers.missing_weights(config, studio.default_weights) if config is not None else {}
     with gr.Blocks(title=settings.title, analytics_enabled=False,
@@ -99,7 +105,7 @@ def build_ui(studio, config=None, catalog: ModelCatalog | None = None, settings:
                 _text_and_output(page, settings)
         _settings_panels(page)
         _examples(page, settings.examples_file)
-        _wire(demo, page, studio, config, catalog, settings, pool, missing)
+        _wire(demo, page, studio, config, catalog, settings, pool, missing, super_sampler)
     demo.i18n_instance = page_i18n()  # what launch()/mount_gradio_app() would set; both may pass it again
     return demo
 
@@ -184,11 +190,12 @@ def _examples(page: Page, path: Path) -> None:
 
 
 def _wire(demo: gr.Blocks, page: Page, studio, config, catalog: ModelCatalog, settings: UISettings, pool,
-          missing: dict) -> None:
+          missing: dict, super_sampler) -> None:
     names = ["ref_audio", "ref_text", "ref_lang", "aux_audio", "text", "text_lang", "gpt_weights", "sovits_weights",
              *(c.name for c in form.CONTROLS), "ui_language"]
     widgets = {**page.inputs, "gpt_weights": page.gpt, "sovits_weights": page.sovits, "ui_language": page.ui_language}
-    generate = _generate_handler(names, page, studio, settings, pool)
+    widen = lambda v: _super_sampler(v, studio, catalog, super_sampler)  # noqa: E731
+    generate = _generate_handler(names, studio, settings, pool, widen)
     running = page.generate.click(generate, [widgets[n] for n in names], list(page.outputs), api_name="generate")
     page.stop.click(None, None, None, cancels=[running])
     lang, ref_audio = page.ui_language, page.inputs["ref_audio"]
@@ -223,7 +230,7 @@ def _wire(demo: gr.Blocks, page: Page, studio, config, catalog: ModelCatalog, se
               [page.notice, page.missing, page.ref_info, page.text_note, page.pair], queue=False, api_visibility="private")
 
 
-def _generate_handler(names: list[str], page: Page, studio, settings: UISettings, pool):
+def _generate_handler(names: list[str], studio, settings: UISettings, pool, widen):
     async def generate(*args):
         *values, progress = args  # gradio passes the gr.Progress named in the signature last
         v = dict(zip(names, values))
@@ -236,6 +243,9 @@ def _generate_handler(names: list[str], page: Page, studio, settings: UISettings
             options = form.options_from_values({c.name: v[c.name] for c in form.CONTROLS})
             if note := handlers.language_note(v["text"], v["text_lang"], locale):
                 gr.Warning(note)
+            sampler, note = widen(v) if options.super_sampling else (None, "")
+            if note:
+                gr.Warning(note)
             event = contextvars.copy_context()  # gradio finds the request's progress bar through it
 
             def on_progress(done: int, total: int) -> None:  # called on the worker thread
@@ -243,7 +253,7 @@ def _generate_handler(names: list[str], page: Page, studio, settings: UISettings
 
             chunks = await pool.stream(lambda: handlers.synthesize(
                 studio, v["text"], v["text_lang"], reference, options, v["gpt_weights"], v["sovits_weights"],
-                settings.max_tokens_per_sentence, on_progress, locale))
+                settings.max_tokens_per_sentence, on_progress, locale, sampler))
             async for chunk in chunks:  # computed on a worker of the pool the HTTP API shares
                 audio = (chunk.sample_rate, chunk.pcm16)
                 yield (None, audio, chunk.status) if chunk.final else (audio, gr.skip(), gr.skip())
@@ -255,6 +265,18 @@ def _generate_handler(names: list[str], page: Page, studio, settings: UISettings
 
 
 # ---- helpers ------------------------------------------------------------------------------------------
+
+
+def _super_sampler(v: dict, studio, catalog: ModelCatalog, store):
+    """(the AP-BWE sampler, "") for a v3 request whose model is in place; else (None, why not)."""
+    locale = v["ui_language"]
+    described = catalog.describe(v["sovits_weights"] or studio.default_weights.sovits)
+    version = described.version if described is not None else "?"
+    if version != "v3":
+        return None, i18n.text("super_sampling.v3_only", locale, version=version)
+    sampler = store.get()
+    return sampler, "" if sampler is not None else i18n.text("super_sampling.missing", locale,
+                                                              folder=str(store.path.parent))
 
 
 def _notice(studio, settings: UISettings, locale: str) -> str:

@@ -77,11 +77,14 @@ def pair_note(catalog, gpt: str | None, sovits: str | None, locale: str = "en") 
 
 def synthesize(studio, text: str, text_lang: str, reference, options, gpt: str | None = None,
                sovits: str | None = None, max_tokens: int | None = None,
-               on_progress: Callable[[int, int], None] | None = None, locale: str = "en") -> Iterator[Chunk]:
+               on_progress: Callable[[int, int], None] | None = None, locale: str = "en",
+               super_sampler: Callable[[np.ndarray, int], tuple[np.ndarray, int]] | None = None) -> Iterator[Chunk]:
     """Stream the cloned voice: one chunk per engine result, then the whole clip (``final``).
 
-    ``max_tokens`` caps ``early_stop_num`` (the server's bound on tokens per sentence). Engine errors
-    propagate; every check the engine makes happens before the first chunk.
+    ``max_tokens`` caps ``early_stop_num`` (the server's bound on tokens per sentence). With a
+    ``super_sampler`` (v3 super-sampling), the whole clip is widened once, as the official code does;
+    the streamed pieces stay at the model's rate. Engine errors propagate; every check the engine makes
+    happens before the first chunk.
     """
     import time
 
@@ -92,15 +95,19 @@ def synthesize(studio, text: str, text_lang: str, reference, options, gpt: str |
     started = time.monotonic()
     results = studio.synthesize(text, text_lang, reference, options, gpt=gpt or None, sovits=sovits or None,
                                 on_progress=on_progress)
-    pieces, rate, seed = [], 0, options.seed
+    pieces, floats, rate, seed = [], [], 0, options.seed
     try:
         for r in results:
             pieces.append(r.pcm16())
+            floats += [r.audio] if super_sampler is not None else []
             rate, seed = r.sample_rate, r.seed
             yield Chunk(r.sample_rate, pieces[-1])
     finally:  # a cancelled request (Stop, closed tab) frees its per-request state now, not at GC
         results.close()
     audio = np.concatenate(pieces) if pieces else np.zeros(0, np.int16)
+    if super_sampler is not None and floats:
+        wide, rate = super_sampler(np.concatenate(floats), rate)
+        audio = np.clip(wide * 32768.0, -32768, 32767).astype(np.int16)
     seconds = audio.shape[0] / rate if rate else 0.0
     took = time.monotonic() - started
     status = tr("status.done", locale, seed=seed, seconds=f"{seconds:.2f}", khz=f"{rate / 1000:g}" if rate else "0",

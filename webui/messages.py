@@ -12,6 +12,7 @@ from engine.errors import CheckpointError, EngineError, OptionsError, ReferenceA
 from webui.i18n import text
 
 _REPR = re.compile(r"<[\w.]+ object at 0x[0-9a-fA-F]+>")
+_AUX = re.compile(r"aux_ref_audio_paths\[(\d+)\]")
 _API = re.compile(r"\s*\(?ReferenceRules\([^)]*\)\)?")
 
 
@@ -41,7 +42,11 @@ def user_message(error: EngineError, locale: str, files: dict[str, str] | None =
     if isinstance(error, CheckpointError):
         if "does not exist" in message:
             return text("weights.not_found", locale, name=name or _quoted(message))
-        if role == "gpt":  # the file in the GPT picker is not a GPT model it can load
+        if "GPT (.ckpt)" in message:  # the GPT loader refused the file (the pickers may hold one file twice)
+            role = "gpt"
+        elif any(m in message for m in ("SoVITS (.pth)", "SoVITS model", "SoVITS weights")):
+            role = "sovits"
+        if role == "gpt":
             return text("weights.not_gpt", locale, name=name)
         if role == "sovits":
             return text("weights.not_sovits", locale, name=name)
@@ -62,10 +67,16 @@ def clean(message: str, files: dict[str, str]) -> str:
 
 
 def _named_file(message: str, files: dict[str, str]) -> tuple[str, str]:
-    """The request file that ``message`` is about (the longest path it contains), with its role."""
+    """The request file that ``message`` is about, with its role: the longest path it contains; else,
+    for a clip read from memory, the extra clip it numbers or the reference clip."""
     for path in sorted(files, key=len, reverse=True):
         if path and path in message:
             return path, files[path]
+    clips = {role: [p for p, r in files.items() if r == role and p] for role in ("ref", "aux")}
+    if (found := _AUX.match(message)) and int(found.group(1)) < len(clips["aux"]):
+        return clips["aux"][int(found.group(1))], "aux"
+    if "audio" in message and clips["ref"]:
+        return clips["ref"][0], "ref"
     return "", ""
 
 

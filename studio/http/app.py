@@ -50,11 +50,14 @@ def create_app(studio: "Studio", settings: ServerSettings = ServerSettings(),
     runner = SynthesisRunner(settings.workers, settings.max_queue,
                              on_start=lambda: metrics.in_progress.add(1), on_end=lambda: metrics.in_progress.add(-1))
     roots = settings.weight_roots or studio.settings.weight_roots or default_weight_roots(studio)
+    from engine.acoustic.super_sampling import OFFICIAL_PATH, SuperSamplerStore
+
     ctx = ServerContext(
         studio=studio, settings=settings, runner=runner, metrics=metrics,
         profiles=ProfileStore(settings.profiles_dir, settings.max_upload_bytes) if settings.profiles_dir else None,
         reference_roots=tuple(Path(r).resolve() for r in settings.reference_roots),
         weight_roots=tuple(str(r) for r in roots), on_control=on_control,
+        super_sampler=SuperSamplerStore(Path(studio.default_weights.base_dir) / OFFICIAL_PATH, studio.runtime.device),
     )
 
     from contextlib import asynccontextmanager

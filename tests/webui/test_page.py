@@ -123,7 +123,8 @@ def test_engine_errors_read_as_the_pages_user_needs_them() -> None:
     assert user_message(unreadable, "en", files).startswith("“notes.txt” is not an audio file")
     assert "notes.txt" in user_message(unreadable, "ja", files) and "ファイル" in user_message(unreadable, "ja", files)
     assert "not a GPT model" in user_message(CheckpointError("/w/s2G.pth is not a GPT-SoVITS GPT (.ckpt) file"), "en", files)
-    assert "not a SoVITS model" in user_message(CheckpointError("/w/s1.ckpt start with unknown bytes"), "en", files)
+    assert "not a SoVITS model" in user_message(CheckpointError("SoVITS weights /w/s1.ckpt start with unknown bytes"),
+                                                "en", files)
     assert "does not exist" in user_message(CheckpointError("sovits_weights '/w/x.pth' does not exist"), "en", {})
     assert user_message(TextError("text is empty"), "zh-CN") == "文本为空：请输入要说的话。"
     odd = user_message(OptionsError("top_k <object object at 0xdeadbeef> out of range"), "en")
@@ -396,3 +397,34 @@ def test_importing_the_ui_writes_nothing_into_the_tree() -> None:
     code = "import webui.app, webui.server"
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, capture_output=True)
     assert not list((REPO / "webui").glob("*.pyi"))
+
+
+def test_without_the_webui_extra_the_command_says_what_to_install(tmp_path) -> None:
+    code = ("import sys; sys.modules['gradio'] = None\n"  # as if the [webui] extra were not installed
+            "from studio.cli import main\n"
+            f"sys.exit(main(['webui', '--config', {str(REPO / 'configs' / 'tts_infer.yaml')!r}]))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                          env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 1 and "pip install -e '.[webui]'" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_v3_super_sampling_widens_the_whole_clip_once(tmp_path) -> None:
+    from engine.acoustic.super_sampling import SuperSamplerStore
+    from engine.pipeline import Result
+    from engine.testweights.ap_bwe import write_ap_bwe
+    from webui import handlers
+
+    class TwoSentences:  # what a v3 model set yields: 24 kHz pieces
+        def synthesize(self, *args, **kwargs):
+            tone = (0.2 * np.sin(np.arange(12000) / 5.0)).astype(np.float32)
+            return (Result(tone, 24000, "a", (), i, i, i == 1, 3) for i in range(2))
+
+    store = SuperSamplerStore(tmp_path / "tools" / "AP_BWE_main" / "24kto48k" / "g_24kto48k.zip")
+    assert store.get() is None  # not there yet: the page says where it belongs
+    write_ap_bwe(store.path.parent)
+    chunks = list(handlers.synthesize(TwoSentences(), "a. b.", "en", None, SynthesisOptions(super_sampling=True),
+                                      super_sampler=store.get()))
+    *pieces, final = chunks
+    assert [c.sample_rate for c in pieces] == [24000, 24000]  # the streamed preview keeps the model's rate
+    assert final.sample_rate == 48000 and abs(final.pcm16.shape[0] - 48000) <= 16 and "48 kHz" in final.status
+    assert store.get() is store.get()  # loaded once
