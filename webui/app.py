@@ -181,8 +181,8 @@ def _settings_panels(page: Page) -> None:
 
 def _examples(page: Page, path: Path) -> None:
     if rows := _example_rows(path):
-        examples = gr.Examples(rows, [page.inputs[k] for k in ("ref_audio", "ref_text", "ref_lang", "text", "text_lang")],
-                               label=_t("examples"))
+        fields = [page.inputs[k] for k in ("ref_audio", "ref_text", "ref_lang", "text", "text_lang")]
+        examples = gr.Examples(rows, fields, label=_t("examples"))
         examples.dataset.headers = []  # the widgets' labels: translation keys the table would show raw
 
 
@@ -198,36 +198,55 @@ def _wire(demo: gr.Blocks, page: Page, studio, config, catalog: ModelCatalog, se
     generate = _generate_handler(names, studio, settings, pool, widen)
     running = page.generate.click(generate, [widgets[n] for n in names], list(page.outputs), api_name="generate")
     page.stop.click(None, None, None, cancels=[running])
+    page.new_seed.click(handlers.new_seed, None, page.inputs["seed"], api_name="new_seed", queue=False)
+    notes = _wire_notes(page, studio, catalog)
+    _wire_models(page, config, catalog)
+    _wire_language(demo, page, notes, studio, settings, missing, config.active.version if config else "")
+
+
+def _wire_notes(page: Page, studio, catalog: ModelCatalog) -> dict:
+    """The texts under the clip, the text and the pickers, rewritten when what they describe changes."""
     lang, ref_audio = page.ui_language, page.inputs["ref_audio"]
     describe = lambda path, locale: handlers.describe_reference(path, studio.reference_rules, locale)  # noqa: E731
     ref_audio.change(describe, [ref_audio, lang], page.ref_info, api_name="describe_reference", queue=False)
-    note_inputs = [page.inputs["text"], page.inputs["text_lang"], lang]
+    text_inputs = [page.inputs["text"], page.inputs["text_lang"], lang]
     for trigger in (page.inputs["text"].change, page.inputs["text_lang"].change):
-        trigger(handlers.language_note, note_inputs, page.text_note, queue=False, api_visibility="private")
+        trigger(handlers.language_note, text_inputs, page.text_note, queue=False, api_visibility="private")
     pair = lambda gpt, sovits, locale: handlers.pair_note(catalog, gpt, sovits, locale)  # noqa: E731
     for trigger in (page.gpt.change, page.sovits.change):
         trigger(pair, [page.gpt, page.sovits, lang], page.pair, queue=False, api_visibility="private")
-    page.new_seed.click(handlers.new_seed, None, page.inputs["seed"], api_name="new_seed", queue=False)
-    page.rescan.click(lambda: (gr.update(choices=catalog.choices("gpt")), gr.update(choices=catalog.choices("sovits"))),
-                      None, [page.gpt, page.sovits], api_name="rescan_models")
-    if config is not None:
-        page.download.click(lambda locale: handlers.download_weights(config.base_dir, config.active.version,
-                                                                     locale=locale),
-                            lang, page.download_log, api_name="download_weights", concurrency_limit=1)
-    # texts written on the server follow the language switch; the browser translates the rest itself
-    version = config.active.version if config is not None else ""
+    return {"describe": describe, "pair": pair}
 
+
+def _wire_models(page: Page, config, catalog: ModelCatalog) -> None:
+    def rescan():
+        return gr.update(choices=catalog.choices("gpt")), gr.update(choices=catalog.choices("sovits"))
+
+    page.rescan.click(rescan, None, [page.gpt, page.sovits], api_name="rescan_models")
+    if config is not None:
+        def download(locale):
+            return handlers.download_weights(config.base_dir, config.active.version, locale=locale)
+
+        page.download.click(download, page.ui_language, page.download_log, api_name="download_weights",
+                            concurrency_limit=1)
+
+
+def _wire_language(demo: gr.Blocks, page: Page, notes: dict, studio, settings: UISettings, missing: dict,
+                   version: str) -> None:
+    """The switch starts at the browser's language; changing it re-translates the page in the browser and
+    rewrites the texts the server wrote."""
     def relabel(locale, path, text, text_lang, gpt, sovits):
         return (_notice(studio, settings, locale), handlers.missing_report(missing, version, locale),
-                describe(path, locale), handlers.language_note(text, text_lang, locale),
-                pair(gpt, sovits, locale))
+                notes["describe"](path, locale), handlers.language_note(text, text_lang, locale),
+                notes["pair"](gpt, sovits, locale))
 
+    lang = page.ui_language
     lang.change(None, lang, None, js=i18n.SWITCH_JS, api_visibility="private")
-    lang.change(relabel, [lang, ref_audio, *note_inputs[:2], page.gpt, page.sovits],
-                [page.notice, page.missing, page.ref_info, page.text_note, page.pair], queue=False, api_visibility="private")
-    demo.load(None, None, lang, js=i18n.DETECT_JS)
-    demo.load(relabel, [lang, ref_audio, *note_inputs[:2], page.gpt, page.sovits],
-              [page.notice, page.missing, page.ref_info, page.text_note, page.pair], queue=False, api_visibility="private")
+    lang.change(relabel, [lang, page.inputs["ref_audio"], page.inputs["text"], page.inputs["text_lang"], page.gpt,
+                          page.sovits],
+                [page.notice, page.missing, page.ref_info, page.text_note, page.pair], queue=False,
+                api_visibility="private")
+    demo.load(None, None, lang, js=i18n.DETECT_JS)  # a browser language other than the default fires .change
 
 
 def _generate_handler(names: list[str], studio, settings: UISettings, pool, widen):

@@ -146,7 +146,8 @@ def missing_report(missing: dict[str, Path], version: str, locale: str = "en") -
         return ""
     rows = "\n".join(f"- `{key}`: `{path}`" for key, path in missing.items())
     command = f"sovits-studio download --version {version}"
-    return f"{text('weights.missing', locale, version=version)}\n{rows}\n\n{text('weights.missing_hint', locale, command=command)}"
+    hint = text("weights.missing_hint", locale, command=command)
+    return f"{text('weights.missing', locale, version=version)}\n{rows}\n\n{hint}"
 
 
 def download_weights(root: str | os.PathLike, version: str, fetch: Callable[..., Any] | None = None,

@@ -99,7 +99,8 @@ def test_reference_length_is_measured_and_bad_clips_are_explained(tmp_path) -> N
     message = describe_reference(str(long), rules)
     assert "12.00 s long" in message and "3–10 s" in message and "✂ trim" in message  # points to the page's tool
     assert "ReferenceRules" not in message and "fit=" not in message
-    assert "剪辑" in describe_reference(str(long), rules, "zh-CN") and "12.00" in describe_reference(str(long), rules, "ja")
+    assert "剪辑" in describe_reference(str(long), rules, "zh-CN")
+    assert "12.00" in describe_reference(str(long), rules, "ja")
     silent = _wav(tmp_path / "silent.wav", np.zeros(4 * 16000))
     message = describe_reference(str(silent), rules)
     assert "silent" in message and "dBFS" not in message and "inf" not in message
@@ -121,8 +122,10 @@ def test_engine_errors_read_as_the_pages_user_needs_them() -> None:
     unreadable = ReferenceAudioError("cannot read audio /tmp/gradio/cd34/notes.txt: Error opening "
                                      "<_io.BytesIO object at 0x7f00aa>: Format not recognised.")
     assert user_message(unreadable, "en", files).startswith("“notes.txt” is not an audio file")
-    assert "notes.txt" in user_message(unreadable, "ja", files) and "ファイル" in user_message(unreadable, "ja", files)
-    assert "not a GPT model" in user_message(CheckpointError("/w/s2G.pth is not a GPT-SoVITS GPT (.ckpt) file"), "en", files)
+    japanese = user_message(unreadable, "ja", files)
+    assert "notes.txt" in japanese and "ファイル" in japanese
+    not_gpt = CheckpointError("/w/s2G.pth is not a GPT-SoVITS GPT (.ckpt) file")
+    assert "not a GPT model" in user_message(not_gpt, "en", files)
     assert "not a SoVITS model" in user_message(CheckpointError("SoVITS weights /w/s1.ckpt start with unknown bytes"),
                                                 "en", files)
     assert "does not exist" in user_message(CheckpointError("sovits_weights '/w/x.pth' does not exist"), "en", {})
@@ -314,7 +317,8 @@ def test_missing_weights_are_listed_and_the_download_explains_itself_offline(tmp
     assert set(missing) == {"t2s_weights_path", "vits_weights_path", "bert_base_path", "cnhuhbert_base_path"}
     report = handlers.missing_report(missing, "v2")
     assert "s2G2333k.pth" in report and "Download the official weights" in report
-    assert "sovits-studio download --version v2" in report and "缺少模型文件" in handlers.missing_report(missing, "v2", "zh-CN")
+    assert "sovits-studio download --version v2" in report
+    assert "缺少模型文件" in handlers.missing_report(missing, "v2", "zh-CN")
 
     class OfflineHub:
         def hf_hub_download(self, **_):
@@ -389,7 +393,8 @@ def test_streamed_chunks_encode_without_an_ffmpeg_program(monkeypatch) -> None:
     assert frames and all(f[:2] == b"\xff\xf1" for f in frames)  # ADTS sync word, MPEG-4 AAC
     assert split_adts(b"".join(frames)) == frames
     assert len(frames) * stream.frame_duration == pytest.approx(48000 / 32000, abs=3 * 1024 / 32000)
-    decoded = np.concatenate([f.to_ndarray().reshape(-1) for f in av.open(io.BytesIO(b"".join(frames))).decode(audio=0)])
+    container = av.open(io.BytesIO(b"".join(frames)))
+    decoded = np.concatenate([f.to_ndarray().reshape(-1) for f in container.decode(audio=0)])
     assert abs(len(decoded) - 48000) <= 3 * 1024 and np.abs(decoded).max() > 0.05  # the tone, not silence
 
 
