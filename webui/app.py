@@ -182,8 +182,9 @@ def _settings_panels(page: Page) -> None:
 def _examples(page: Page, path: Path) -> None:
     if rows := _example_rows(path):
         fields = [page.inputs[k] for k in ("ref_audio", "ref_text", "ref_lang", "text", "text_lang")]
-        examples = gr.Examples(rows, fields, label=_t("examples"))
-        examples.dataset.headers = []  # the widgets' labels: translation keys the table would show raw
+        # the clip and the two texts; the languages' labels are translation keys the table would show raw
+        examples = gr.Examples(rows, fields, label=_t("examples"), visible_columns=[0, 1, 3])
+        examples.dataset.headers = []  # the widgets' labels: translation keys too
 
 
 # ---- events -------------------------------------------------------------------------------------------

@@ -433,3 +433,24 @@ def test_v3_super_sampling_widens_the_whole_clip_once(tmp_path) -> None:
     assert [c.sample_rate for c in pieces] == [24000, 24000]  # the streamed preview keeps the model's rate
     assert final.sample_rate == 48000 and abs(final.pcm16.shape[0] - 48000) <= 16 and "48 kHz" in final.status
     assert store.get() is store.get()  # loaded once
+
+
+def test_make_test_weights_prints_the_webui_command_and_caps_its_sentences(tmp_path, capsys) -> None:
+    import shlex
+
+    from engine.config import load_config
+    from engine.pipeline import Studio
+    from studio.cli import main
+    from webui.app import UISettings, build_ui
+
+    assert main(["make-test-weights", str(tmp_path / "try it"), "--version", "v1"]) == 0
+    out = capsys.readouterr().out
+    config_path = tmp_path / "try it" / "tts_infer.yaml"
+    assert f"sovits-studio webui --config {shlex.quote(str(config_path))}" in out  # the exact next step
+    config = load_config(config_path)
+    assert config.active.max_tokens_per_sentence == 50 and config.active.random_weights
+    studio = Studio.from_config(config, device="cpu", precision="fp32")
+    settings = UISettings(max_tokens_per_sentence=config.active.max_tokens_per_sentence, random_weights=True)
+    page = build_ui(studio, config=config, settings=settings).get_config_file()
+    notice = next(c["props"]["value"] for c in page["components"] if c["props"].get("elem_id") == "notice")
+    assert "random-weight test model" in notice and "50 tokens (2 s)" in notice
