@@ -43,11 +43,14 @@ class Section:
     vocoder_path: str = ""  # BigVGAN folder (v3) or vocoder.pth (v4); empty: the official location
     sv_weights_path: str = ""  # ERes2NetV2 checkpoint (v2Pro*); empty: the official location
     vocoder_coreml_package: str = ""  # the .mlpackage used when vocoder_backend is coreml
+    max_tokens_per_sentence: int = 0  # a cap on semantic tokens per sentence (25 = 1 s); 0: the model's own
+    random_weights: bool = False  # a random-weight test set (make-test-weights): noise, not speech
 
 
 _OFFICIAL_KEYS = {f.name for f in fields(Section)} - {"vocoder_backend", "vocoder_path", "sv_weights_path",
-                                                     "vocoder_coreml_package"}
-_KEY_TYPES = {f.name: (bool if f.name == "is_half" else str) for f in fields(Section)}
+                                                     "vocoder_coreml_package", "max_tokens_per_sentence",
+                                                     "random_weights"}
+_KEY_TYPES = {f.name: {"bool": bool, "int": int}.get(str(f.type), str) for f in fields(Section)}
 
 
 def _parse_section(name: str, raw: Any, where: str) -> Section:
@@ -66,11 +69,9 @@ def _parse_section(name: str, raw: Any, where: str) -> Section:
         want = _KEY_TYPES[key]
         if value is None and want is str:
             value = ""
-        if not isinstance(value, want) or (want is str and isinstance(value, bool)):
-            raise ConfigError(
-                f"{where}: key {name}.{key} must be {'true/false' if want is bool else 'a string'}, "
-                f"found {value!r}"
-            )
+        if not isinstance(value, want) or (want is not bool and isinstance(value, bool)) or (want is int and value < 0):
+            kind = {bool: "true/false", int: "a whole number >= 0"}.get(want, "a string")
+            raise ConfigError(f"{where}: key {name}.{key} must be {kind}, found {value!r}")
         values[key] = value
     if values["version"] not in VERSIONS:
         raise ConfigError(f"{where}: key {name}.version is {values['version']!r}; use one of {', '.join(VERSIONS)}")

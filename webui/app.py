@@ -1,9 +1,12 @@
-"""The page: ``build_ui(studio) -> gr.Blocks`` over an :class:`engine.pipeline.Studio`, and ``main()``.
+"""The page: ``build_ui(studio) -> gr.Blocks`` over an :class:`engine.pipeline.Studio`.
 
-A thin layer: widgets map to ``SynthesisOptions`` (``webui.form``), buttons call ``webui.handlers``,
-engine errors become ``gr.Error`` messages. Models load per request through the studio's pool, so
-each browser tab can pick its own weights. Nothing happens at import; ``main`` runs the
-``sovits-studio webui`` command (``webui.server``), which serves this page and the HTTP API together.
+A thin layer, built part by part from the top of the page down: the header with the language
+switch, the model pickers, the missing-weights panel, the reference and text columns, the settings
+panels and the examples; :func:`_wire` then connects the events. Widgets map to ``SynthesisOptions``
+(``webui.form``), buttons call ``webui.handlers``, engine errors become ``gr.Error`` messages in the
+page's language (``webui.messages``). Models load per request through the studio's pool, so each
+browser tab can pick its own weights. Nothing happens at import; ``sovits-studio webui``
+(``studio.cli.webui``) serves this page and the HTTP API together.
 """
 
 from __future__ import annotations
@@ -11,21 +14,20 @@ from __future__ import annotations
 import contextvars
 import inspect
 import json
-import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import gradio as gr
+from gradio.i18n import I18nData
 
 from engine.errors import EngineError
-from webui import form, handlers
+from webui import form, handlers, i18n
+from webui.messages import user_message
 from webui.models_list import ModelCatalog
 from webui.streaming_audio import streaming_audio
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
-INTRO = ("Upload or record 3–10 s of a voice, give its transcript, type what it should say, and press "
-         "**Generate**: the audio plays while it is made, and the whole clip is offered for download. "
-         "The HTTP API runs on this server too (`/tts`, `/v1/audio/speech`, `/docs`).")
+_t = I18nData  # _t("key"): a text the browser translates (webui/locale/*.json)
 
 
 @dataclass(frozen=True)
@@ -37,139 +39,299 @@ class UISettings:
     examples_file: Path = ASSETS / "examples.json"
     notice: str = ""  # shown under the title (e.g. a device fallback)
     default_text: str = "Hello! This voice was cloned from a few seconds of audio."
+    random_weights: bool = False  # the model set is a random-weight test set: say so at the top
+
+
+@dataclass
+class Page:
+    """The widgets the event wiring needs, by role (set as the parts are built)."""
+
+    ui_language: gr.Radio | None = None
+    notice: gr.Markdown | None = None
+    gpt: gr.Dropdown | None = None
+    sovits: gr.Dropdown | None = None
+    rescan: gr.Button | None = None
+    pair: gr.Markdown | None = None
+    missing: gr.Markdown | None = None
+    download: gr.Button | None = None
+    download_log: gr.Markdown | None = None
+    inputs: dict[str, gr.components.Component] = field(default_factory=dict)  # generate's inputs, by name
+    ref_info: gr.Markdown | None = None
+    text_note: gr.Markdown | None = None
+    generate: gr.Button | None = None
+    stop: gr.Button | None = None
+    outputs: tuple = ()  # (streamed audio, full clip, status)
+    new_seed: gr.Button | None = None
+
+
+def page_theme() -> gr.themes.Base:
+    return gr.themes.Default(font=["system-ui", "sans-serif"], font_mono=["ui-monospace", "monospace"])  # no web fonts
+
+
+def page_i18n() -> gr.I18n:
+    """The page's translations (pass to ``launch(i18n=...)`` or ``mount_gradio_app(i18n=...)``)."""
+    return gr.I18n(**i18n.translations())
+
+
+def build_ui(studio, config=None, catalog: ModelCatalog | None = None, settings: UISettings = UISettings(),
+             pool=None, super_sampler=None) -> gr.Blocks:
+    """The web page for ``studio``; ``config`` (an InferConfig) enables the missing-weights panel.
+
+    ``pool`` (a ``studio.http.runner.SynthesisRunner``) runs the syntheses; pass the HTTP API's so
+    that page and API share one bounded set of workers. Default: a pool of one worker for this page.
+    ``super_sampler`` (an ``engine.acoustic.super_sampling.SuperSamplerStore``) holds the v3 AP-BWE
+    model; pass the HTTP API's so that it loads once. Default: one for this page (the official location).
+    """
+    from studio.http.context import ServerSettings
+    from studio.http.runner import SynthesisRunner
+
+    from engine.acoustic.super_sampling import OFFICIAL_PATH, SuperSamplerStore
+
+    pool = pool or SynthesisRunner(ServerSettings.workers, ServerSettings.max_queue)
+    super_sampler = super_sampler or SuperSamplerStore(Path(studio.default_weights.base_dir) / OFFICIAL_PATH,
+                                                       studio.runtime.device)
+    catalog = catalog or ModelCatalog(studio.default_weights.base_dir)
+    missing = handlers.missing_weights(config, studio.default_weights) if config is not None else {}
+    with gr.Blocks(title=settings.title, analytics_enabled=False,
+                   delete_cache=(3600, 3600)) as demo:  # uploads and clips older than an hour are removed hourly
+        page = Page()
+        _header(page, settings, _notice(studio, settings, i18n.DEFAULT))
+        _model_pickers(page, catalog, studio.default_weights)
+        _missing_panel(page, handlers.missing_report(missing, config.active.version if config else "", i18n.DEFAULT))
+        with gr.Row():
+            with gr.Column():
+                _reference_inputs(page)
+            with gr.Column():
+                _text_and_output(page, settings)
+        _settings_panels(page)
+        _examples(page, settings.examples_file)
+        _wire(demo, page, studio, config, catalog, settings, pool, missing, super_sampler)
+    demo.i18n_instance = page_i18n()  # what launch()/mount_gradio_app() would set; both may pass it again
+    return demo
+
+
+# ---- the parts of the page, top to bottom ------------------------------------------------------------
+
+
+def _header(page: Page, settings: UISettings, notice: str) -> None:
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=5):
+            gr.Markdown(f"# {settings.title}")
+            gr.Markdown(_t("intro"))
+        page.ui_language = gr.Radio([(i18n.NAMES[c], c) for c in i18n.LOCALES], value=i18n.DEFAULT, scale=2,
+                                    label=_t("ui_language"), elem_id="ui-language", min_width=240)
+    page.notice = gr.Markdown(notice, elem_id="notice")  # rewritten in the page's language when it loads
+
+
+def _model_pickers(page: Page, catalog: ModelCatalog, weights) -> None:
+    with gr.Group(elem_id="models"):
+        with gr.Row(equal_height=True):
+            page.gpt = gr.Dropdown(catalog.choices("gpt"), value=str(Path(weights.gpt).resolve()), scale=4,
+                                   label=_t("gpt"), info=_t("gpt.info"), allow_custom_value=True, elem_id="gpt")
+            page.sovits = gr.Dropdown(catalog.choices("sovits"), value=str(Path(weights.sovits).resolve()), scale=4,
+                                      label=_t("sovits"), info=_t("sovits.info"), allow_custom_value=True,
+                                      elem_id="sovits")
+            page.rescan = gr.Button(_t("rescan"), size="sm", scale=1, min_width=120)
+    page.pair = gr.Markdown(elem_id="model-pair")
+
+
+def _missing_panel(page: Page, report: str) -> None:
+    with gr.Group(visible=bool(report), elem_id="missing-weights"):
+        page.missing = gr.Markdown(report)
+        with gr.Row():
+            page.download = gr.Button(_t("download"), variant="primary", scale=0, min_width=280)
+        page.download_log = gr.Markdown()
+
+
+def _reference_inputs(page: Page) -> None:
+    page.inputs["ref_audio"] = gr.Audio(sources=["upload", "microphone"], type="filepath", elem_id="ref-audio",
+                                        label=_t("ref_audio"))
+    page.ref_info = gr.Markdown(elem_id="ref-info")
+    page.inputs["ref_text"] = gr.Textbox(label=_t("ref_text"), info=_t("ref_text.info"), lines=2,
+                                         elem_id="ref-text")
+    page.inputs["ref_lang"] = gr.Dropdown(_languages(), value="en", label=_t("ref_lang"), elem_id="ref-lang")
+    # any file type: a non-audio file gets a message instead of being dropped silently
+    page.inputs["aux_audio"] = gr.File(file_count="multiple", type="filepath", label=_t("aux"), elem_id="aux")
+
+
+def _text_and_output(page: Page, settings: UISettings) -> None:
+    page.inputs["text"] = gr.Textbox(label=_t("text"), lines=5, value=settings.default_text, elem_id="text")
+    page.inputs["text_lang"] = gr.Dropdown(_languages(), value="en", label=_t("text_lang"), elem_id="text-lang")
+    page.text_note = gr.Markdown(elem_id="text-lang-note")
+    page.inputs["text_split_method"] = _control(form.CONTROLS[0])
+    with gr.Row():
+        page.generate = gr.Button(_t("generate"), variant="primary", elem_id="generate", scale=3)
+        page.stop = gr.Button(_t("stop"), variant="stop", scale=1)
+    stream_out = streaming_audio(label=_t("stream_out"), autoplay=True, interactive=False, elem_id="stream-audio")
+    full_out = gr.Audio(label=_t("full_out"), type="numpy", format="wav", interactive=False, elem_id="full-audio")
+    page.outputs = (stream_out, full_out, gr.Markdown(elem_id="status"))
+
+
+def _settings_panels(page: Page) -> None:
+    with gr.Accordion(_t("sampling"), open=True), gr.Row():
+        for c in form.CONTROLS:
+            if c.group == "sampling":
+                page.inputs[c.name] = _control(c)
+        page.new_seed = gr.Button(_t("new_seed"), size="sm")
+    with gr.Accordion(_t("advanced"), open=False), gr.Row():
+        for c in form.CONTROLS:
+            if c.group == "advanced":
+                page.inputs[c.name] = _control(c)
+
+
+def _examples(page: Page, path: Path) -> None:
+    if rows := _example_rows(path):
+        fields = [page.inputs[k] for k in ("ref_audio", "ref_text", "ref_lang", "text", "text_lang")]
+        # the clip and the two texts; the languages' labels are translation keys the table would show raw
+        examples = gr.Examples(rows, fields, label=_t("examples"), visible_columns=[0, 1, 3])
+        examples.dataset.headers = []  # the widgets' labels: translation keys too
+
+
+# ---- events -------------------------------------------------------------------------------------------
+
+
+def _wire(demo: gr.Blocks, page: Page, studio, config, catalog: ModelCatalog, settings: UISettings, pool,
+          missing: dict, super_sampler) -> None:
+    names = ["ref_audio", "ref_text", "ref_lang", "aux_audio", "text", "text_lang", "gpt_weights", "sovits_weights",
+             *(c.name for c in form.CONTROLS), "ui_language"]
+    widgets = {**page.inputs, "gpt_weights": page.gpt, "sovits_weights": page.sovits, "ui_language": page.ui_language}
+    widen = lambda v: _super_sampler(v, studio, catalog, super_sampler)  # noqa: E731
+    generate = _generate_handler(names, studio, settings, pool, widen)
+    running = page.generate.click(generate, [widgets[n] for n in names], list(page.outputs), api_name="generate")
+    page.stop.click(None, None, None, cancels=[running])
+    page.new_seed.click(handlers.new_seed, None, page.inputs["seed"], api_name="new_seed", queue=False)
+    notes = _wire_notes(page, studio, catalog)
+    _wire_models(page, config, catalog)
+    _wire_language(demo, page, notes, studio, settings, missing, config.active.version if config else "")
+
+
+def _wire_notes(page: Page, studio, catalog: ModelCatalog) -> dict:
+    """The texts under the clip, the text and the pickers, rewritten when what they describe changes."""
+    lang, ref_audio = page.ui_language, page.inputs["ref_audio"]
+    describe = lambda path, locale: handlers.describe_reference(path, studio.reference_rules, locale)  # noqa: E731
+    ref_audio.change(describe, [ref_audio, lang], page.ref_info, api_name="describe_reference", queue=False)
+    text_inputs = [page.inputs["text"], page.inputs["text_lang"], lang]
+    for trigger in (page.inputs["text"].change, page.inputs["text_lang"].change):
+        trigger(handlers.language_note, text_inputs, page.text_note, queue=False, api_visibility="private")
+    pair = lambda gpt, sovits, locale: handlers.pair_note(catalog, gpt, sovits, locale)  # noqa: E731
+    for trigger in (page.gpt.change, page.sovits.change):
+        trigger(pair, [page.gpt, page.sovits, lang], page.pair, queue=False, api_visibility="private")
+    return {"describe": describe, "pair": pair}
+
+
+def _wire_models(page: Page, config, catalog: ModelCatalog) -> None:
+    def rescan():
+        return gr.update(choices=catalog.choices("gpt")), gr.update(choices=catalog.choices("sovits"))
+
+    page.rescan.click(rescan, None, [page.gpt, page.sovits], api_name="rescan_models")
+    if config is not None:
+        def download(locale):
+            return handlers.download_weights(config.base_dir, config.active.version, locale=locale)
+
+        page.download.click(download, page.ui_language, page.download_log, api_name="download_weights",
+                            concurrency_limit=1)
+
+
+def _wire_language(demo: gr.Blocks, page: Page, notes: dict, studio, settings: UISettings, missing: dict,
+                   version: str) -> None:
+    """The switch starts at the browser's language; changing it re-translates the page in the browser and
+    rewrites the texts the server wrote."""
+    def relabel(locale, path, text, text_lang, gpt, sovits):
+        return (_notice(studio, settings, locale), handlers.missing_report(missing, version, locale),
+                notes["describe"](path, locale), handlers.language_note(text, text_lang, locale),
+                notes["pair"](gpt, sovits, locale))
+
+    lang = page.ui_language
+    lang.change(None, lang, None, js=i18n.SWITCH_JS, api_visibility="private")
+    lang.change(relabel, [lang, page.inputs["ref_audio"], page.inputs["text"], page.inputs["text_lang"], page.gpt,
+                          page.sovits],
+                [page.notice, page.missing, page.ref_info, page.text_note, page.pair], queue=False,
+                api_visibility="private")
+    demo.load(None, None, lang, js=i18n.DETECT_JS)  # a browser language other than the default fires .change
+
+
+def _generate_handler(names: list[str], studio, settings: UISettings, pool, widen):
+    async def generate(*args):
+        *values, progress = args  # gradio passes the gr.Progress named in the signature last
+        v = dict(zip(names, values))
+        locale = v["ui_language"]
+        files = {str(v["ref_audio"] or ""): "ref", **{str(getattr(a, "name", a)): "aux" for a in v["aux_audio"] or ()},
+                 str(v["gpt_weights"] or ""): "gpt", str(v["sovits_weights"] or ""): "sovits"}
+        yield gr.skip(), None, ""  # the previous run's clip and status go at once
+        try:
+            reference = handlers.make_reference(v["ref_audio"], v["ref_text"], v["ref_lang"], v["aux_audio"])
+            options = form.options_from_values({c.name: v[c.name] for c in form.CONTROLS})
+            if note := handlers.language_note(v["text"], v["text_lang"], locale):
+                gr.Warning(note)
+            sampler, note = widen(v) if options.super_sampling else (None, "")
+            if note:
+                gr.Warning(note)
+            event = contextvars.copy_context()  # gradio finds the request's progress bar through it
+
+            def on_progress(done: int, total: int) -> None:  # called on the worker thread
+                event.run(progress, (done, total), unit="sentences")
+
+            chunks = await pool.stream(lambda: handlers.synthesize(
+                studio, v["text"], v["text_lang"], reference, options, v["gpt_weights"], v["sovits_weights"],
+                settings.max_tokens_per_sentence, on_progress, locale, sampler))
+            async for chunk in chunks:  # computed on a worker of the pool the HTTP API shares
+                audio = (chunk.sample_rate, chunk.pcm16)
+                yield (None, audio, chunk.status) if chunk.final else (audio, gr.skip(), gr.skip())
+        except EngineError as e:
+            raise gr.Error(user_message(e, locale, files), print_exception=False) from e
+
+    generate.__signature__ = _named(names)  # API parameter names = field names
+    return generate
+
+
+# ---- helpers ------------------------------------------------------------------------------------------
+
+
+def _super_sampler(v: dict, studio, catalog: ModelCatalog, store):
+    """(the AP-BWE sampler, "") for a v3 request whose model is in place; else (None, why not)."""
+    locale = v["ui_language"]
+    described = catalog.describe(v["sovits_weights"] or studio.default_weights.sovits)
+    version = described.version if described is not None else "?"
+    if version != "v3":
+        return None, i18n.text("super_sampling.v3_only", locale, version=version)
+    sampler = store.get()
+    return sampler, "" if sampler is not None else i18n.text("super_sampling.missing", locale,
+                                                              folder=str(store.path.parent))
+
+
+def _notice(studio, settings: UISettings, locale: str) -> str:
+    lines = [i18n.text("runs_on", locale, device=studio.runtime.device)]
+    if settings.notice:
+        lines.append(f"> {settings.notice}")
+    if settings.random_weights:
+        tokens = settings.max_tokens_per_sentence or 0
+        lines.append(i18n.text("random_weights", locale, tokens=tokens or "∞", seconds=f"{tokens / 25:g}"))
+    return "\n\n".join(lines)
 
 
 def _languages() -> list[tuple[str, str]]:
     from engine.text.frontend import languages
 
-    return [(f"{form.LANGUAGE_LABELS.get(c, c)} ({c})", c) for c in languages("v2")]
+    return [(f"lang.{c}", c) for c in languages("v2")]  # browser-translated keys
 
 
 def _control(c: form.Control) -> gr.components.Component:
-    value = form.default(c.name)
+    value, label, info = form.default(c.name), _t(c.name), _t(f"{c.name}.info")
     if c.widget == "slider":
-        return gr.Slider(c.minimum, c.maximum, value=value, step=c.step, label=c.label, info=c.info)
+        return gr.Slider(c.minimum, c.maximum, value=value, step=c.step, label=label, info=info, min_width=300)
     if c.widget == "checkbox":
-        return gr.Checkbox(value=value, label=c.label, info=c.info)
+        return gr.Checkbox(value=value, label=label, info=info)
     if c.widget == "dropdown":
-        return gr.Dropdown(choices=list(c.choices), value=value, label=c.label, info=c.info)
-    return gr.Number(value=value, precision=0, minimum=c.minimum, maximum=c.maximum, label=c.label, info=c.info)
+        return gr.Dropdown(choices=list(c.choices), value=value, label=label, info=info)
+    return gr.Number(value=value, precision=0, minimum=c.minimum, maximum=c.maximum, label=label, info=info)
 
 
-def _examples(path: Path) -> list[list[str]]:
+def _example_rows(path: Path) -> list[list[str]]:
     if not path.is_file():
         return []
     rows = json.loads(path.read_text(encoding="utf-8"))
     return [[str(path.parent / r["audio"]), r["text"], r["language"], r["target_text"], r["target_language"]]
             for r in rows if (path.parent / r["audio"]).is_file()]
-
-
-def build_ui(studio, config=None, catalog: ModelCatalog | None = None, settings: UISettings = UISettings(),
-             pool=None) -> gr.Blocks:
-    """The web page for ``studio``; ``config`` (an InferConfig) enables the missing-weights panel.
-
-    ``pool`` (an ``studio.http.runner.SynthesisRunner``) runs the syntheses; pass the HTTP API's so
-    that page and API share one bounded set of workers. Default: a pool of one worker for this page.
-    """
-    from studio.http.context import ServerSettings
-    from studio.http.runner import SynthesisRunner
-
-    pool = pool or SynthesisRunner(ServerSettings.workers, ServerSettings.max_queue)
-    weights = studio.default_weights
-    catalog = catalog or ModelCatalog(weights.base_dir)
-    missing = handlers.missing_weights(config, weights) if config is not None else {}
-    langs = _languages()
-    controls: dict[str, gr.components.Component] = {}
-
-    theme = gr.themes.Default(font=["system-ui", "sans-serif"], font_mono=["ui-monospace", "monospace"])  # no web fonts
-    with warnings.catch_warnings():  # gradio 5.50 warns that gradio 6 moves `theme` to launch(); we mount, not launch
-        warnings.simplefilter("ignore", DeprecationWarning)
-        demo = gr.Blocks(title=settings.title, theme=theme, analytics_enabled=False,
-                         delete_cache=(3600, 3600))  # uploads and clips older than an hour are removed hourly
-    with demo:
-        gr.Markdown(f"# {settings.title}\n{INTRO} Models run on `{studio.runtime.device}`."
-                    + (f"\n\n> {settings.notice}" if settings.notice else ""))
-        with gr.Group(visible=bool(missing), elem_id="missing-weights"):
-            gr.Markdown(handlers.missing_report(missing, config.active.version if config else ""))
-            download_btn = gr.Button("Download weights", variant="secondary")
-            download_md = gr.Markdown()
-        with gr.Row():
-            with gr.Column():
-                ref_audio = gr.Audio(sources=["upload", "microphone"], type="filepath", elem_id="ref-audio",
-                                     label="Reference clip (3–10 s)")
-                ref_info = gr.Markdown(elem_id="ref-info")
-                ref_text = gr.Textbox(label="Transcript of the reference clip", lines=2, elem_id="ref-text",
-                                      info="exactly what is said in the clip (empty: reference-free, v1/v2 only)")
-                ref_lang = gr.Dropdown(langs, value="en", label="Language of the reference")
-                aux = gr.File(file_count="multiple", file_types=["audio"], type="filepath",
-                              label="More clips of the same voice (optional: their style is averaged in)")
-            with gr.Column():
-                text = gr.Textbox(label="Text to speak", lines=5, value=settings.default_text, elem_id="text")
-                text_lang = gr.Dropdown(langs, value="en", label="Language of the text")
-                controls["text_split_method"] = _control(form.CONTROLS[0])
-                with gr.Row():
-                    generate_btn = gr.Button("Generate", variant="primary", elem_id="generate", scale=3)
-                    stop_btn = gr.Button("Stop", variant="stop", scale=1)
-                stream_out = streaming_audio(label="Playing as it is made", autoplay=True,
-                                            interactive=False, elem_id="stream-audio")
-                full_out = gr.Audio(label="Full clip", type="numpy", format="wav", interactive=False,
-                                    elem_id="full-audio")
-                status = gr.Markdown(elem_id="status")
-        with gr.Accordion("Models", open=False):
-            with gr.Row():
-                gpt = gr.Dropdown(catalog.choices("gpt"), value=str(Path(weights.gpt).resolve()),
-                                  label="GPT weights (.ckpt)", allow_custom_value=True)
-                sovits = gr.Dropdown(catalog.choices("sovits"), label="SoVITS weights (.pth)", allow_custom_value=True,
-                                     value=str(Path(weights.sovits).resolve()))
-            refresh_btn = gr.Button("Rescan weight folders", size="sm")
-        with gr.Accordion("Sampling", open=True), gr.Row():
-            for c in form.CONTROLS:
-                if c.group == "sampling":
-                    controls[c.name] = _control(c)
-            reroll = gr.Button("New seed", size="sm")
-        with gr.Accordion("Advanced", open=False), gr.Row():
-            for c in form.CONTROLS:
-                if c.group == "advanced":
-                    controls[c.name] = _control(c)
-        if rows := _examples(settings.examples_file):
-            gr.Examples(rows, [ref_audio, ref_text, ref_lang, text, text_lang], label="Examples (reference + text)")
-
-        fields = {"ref_audio": ref_audio, "ref_text": ref_text, "ref_lang": ref_lang, "aux_audio": aux, "text": text,
-                  "text_lang": text_lang, "gpt_weights": gpt, "sovits_weights": sovits, **controls}
-
-        async def generate(*args):
-            *values, progress = args  # gradio passes the gr.Progress named in the signature last
-            v = dict(zip(fields, values))
-            try:
-                reference = handlers.make_reference(v["ref_audio"], v["ref_text"], v["ref_lang"], v["aux_audio"])
-                options = form.options_from_values({n: v[n] for n in controls})
-                event = contextvars.copy_context()  # gradio finds the request's progress bar through it
-
-                def on_progress(done: int, total: int) -> None:  # called on the worker thread
-                    event.run(progress, (done, total), unit="sentences")
-
-                chunks = await pool.stream(lambda: handlers.synthesize(
-                    studio, v["text"], v["text_lang"], reference, options, v["gpt_weights"], v["sovits_weights"],
-                    settings.max_tokens_per_sentence, on_progress))
-                async for chunk in chunks:  # computed on a worker of the pool the HTTP API shares
-                    audio = (chunk.sample_rate, chunk.pcm16)
-                    yield (None, audio, chunk.status) if chunk.final else (audio, gr.skip(), gr.skip())
-            except EngineError as e:
-                raise gr.Error(str(e), print_exception=False) from e
-
-        generate.__signature__ = _named(list(fields))  # API parameter names = field names
-        running = generate_btn.click(generate, list(fields.values()), [stream_out, full_out, status],
-                                     api_name="generate")
-        stop_btn.click(None, None, None, cancels=[running])
-        ref_audio.change(lambda p: handlers.describe_reference(p, studio.reference_rules), ref_audio, ref_info,
-                         api_name="describe_reference", queue=False)
-        reroll.click(handlers.new_seed, None, controls["seed"], api_name="new_seed", queue=False)
-        refresh_btn.click(lambda: (gr.update(choices=catalog.choices("gpt")), gr.update(choices=catalog.choices("sovits"))),
-                          None, [gpt, sovits], api_name="rescan_models")
-        if config is not None:
-            download_btn.click(lambda: handlers.download_weights(config.base_dir, config.active.version), None,
-                               download_md, api_name="download_weights", concurrency_limit=1)
-    return demo
 
 
 def _named(names: list[str]) -> inspect.Signature:

@@ -34,56 +34,84 @@ def new_seed() -> int:
     return random.randint(0, MAX_SEED)
 
 
-def describe_reference(path: str | None, rules) -> str:
-    """The measured length of an uploaded/recorded clip, and whether the engine will accept it."""
-    from engine.reference import ReferenceLengthError, read_reference
+def describe_reference(path: str | None, rules, locale: str = "en") -> str:
+    """The measured length of an uploaded/recorded clip, or what is wrong with it, in ``locale``."""
+    from engine.reference import read_reference
+    from webui.i18n import text
+    from webui.messages import user_message
 
     if not path:
         return ""
     try:
         clip = read_reference(path, rules)
-    except ReferenceLengthError as e:
-        return f"Problem: {e.seconds:.2f} s — {'too long' if e.seconds > e.max_seconds else 'too short'}: " \
-               f"references must be {e.min_seconds:g}–{e.max_seconds:g} s."
     except ReferenceAudioError as e:
-        return f"Problem: {_strip_path(str(e), path)}"
-    return f"✓ {clip.original_seconds:.2f} s at {clip.sample_rate} Hz (references: " \
-           f"{rules.min_seconds:g}–{rules.max_seconds:g} s)"
+        return "⚠ " + user_message(e, locale, {path: "ref"})
+    return text("ref.ok", locale, seconds=f"{clip.original_seconds:.2f}", rate=clip.sample_rate,
+                min=f"{rules.min_seconds:g}", max=f"{rules.max_seconds:g}")
 
 
-def _strip_path(message: str, path: str) -> str:
-    """Messages name the server's temporary copy of an upload; the user knows it as 'the clip'."""
-    return message.replace(f"reference audio {path}", "the clip").replace(str(path), "the clip")
+def language_note(text_value: str, language: str, locale: str = "en") -> str:
+    """A warning when ``language`` reads almost none of the text (empty when it reads it)."""
+    from engine.text.language_check import check_text_language
+    from webui.i18n import text
+
+    check = check_text_language(text_value or "", language or "")
+    if not check.mismatch:
+        return ""
+    return "⚠ " + text("text.language", locale, language=text(f"lang.{check.language}", locale),
+                       percent=f"{check.readable * 100:.0f}", suggested=text(f"lang.{check.looks_like}", locale)
+                       if check.looks_like != "auto" else text("lang.auto", locale))
+
+
+def pair_note(catalog, gpt: str | None, sovits: str | None, locale: str = "en") -> str:
+    """A warning when the picked GPT and SoVITS files do not belong together (empty when they do)."""
+    from webui.i18n import text
+    from webui.models_list import mismatch
+
+    g, s = (catalog.describe(p) if p else None for p in (gpt, sovits))
+    if g is None or s is None or (pairs := mismatch(g, s)) is None:
+        return ""
+    return text("weights.pair", locale, gpt=g.path.name, gpt_version=g.tag, sovits=s.path.name,
+                sovits_version=s.tag, pairs="/".join(pairs))
 
 
 def synthesize(studio, text: str, text_lang: str, reference, options, gpt: str | None = None,
                sovits: str | None = None, max_tokens: int | None = None,
-               on_progress: Callable[[int, int], None] | None = None) -> Iterator[Chunk]:
+               on_progress: Callable[[int, int], None] | None = None, locale: str = "en",
+               super_sampler: Callable[[np.ndarray, int], tuple[np.ndarray, int]] | None = None) -> Iterator[Chunk]:
     """Stream the cloned voice: one chunk per engine result, then the whole clip (``final``).
 
-    ``max_tokens`` caps ``early_stop_num`` (the server's bound on tokens per sentence). Engine errors
-    propagate; every check the engine makes happens before the first chunk.
+    ``max_tokens`` caps ``early_stop_num`` (the server's bound on tokens per sentence). With a
+    ``super_sampler`` (v3 super-sampling), the whole clip is widened once, as the official code does;
+    the streamed pieces stay at the model's rate. Engine errors propagate; every check the engine makes
+    happens before the first chunk.
     """
     import time
+
+    from webui.i18n import text as tr
 
     if max_tokens is not None and (options.early_stop_num is None or options.early_stop_num > max_tokens):
         options = options.replace(early_stop_num=max_tokens)
     started = time.monotonic()
     results = studio.synthesize(text, text_lang, reference, options, gpt=gpt or None, sovits=sovits or None,
                                 on_progress=on_progress)
-    pieces, rate, seed = [], 0, options.seed
+    pieces, floats, rate, seed = [], [], 0, options.seed
     try:
         for r in results:
             pieces.append(r.pcm16())
+            floats += [r.audio] if super_sampler is not None else []
             rate, seed = r.sample_rate, r.seed
             yield Chunk(r.sample_rate, pieces[-1])
     finally:  # a cancelled request (Stop, closed tab) frees its per-request state now, not at GC
         results.close()
     audio = np.concatenate(pieces) if pieces else np.zeros(0, np.int16)
+    if super_sampler is not None and floats:
+        wide, rate = super_sampler(np.concatenate(floats), rate)
+        audio = np.clip(wide * 32768.0, -32768, 32767).astype(np.int16)
     seconds = audio.shape[0] / rate if rate else 0.0
     took = time.monotonic() - started
-    status = f"Seed **{seed}** · {seconds:.2f} s of audio at {rate // 1000 if rate else 0} kHz · " \
-             f"took {took:.1f} s ({seconds / took if took else 0:.2f}× real time)"
+    status = tr("status.done", locale, seed=seed, seconds=f"{seconds:.2f}", khz=f"{rate / 1000:g}" if rate else "0",
+                  took=f"{took:.1f}", speed=f"{seconds / took if took else 0:.2f}")
     yield Chunk(rate, audio, final=True, status=status)
 
 
@@ -111,22 +139,26 @@ def missing_weights(config, weights) -> dict[str, Path]:
     return missing
 
 
-def missing_report(missing: dict[str, Path], version: str) -> str:
+def missing_report(missing: dict[str, Path], version: str, locale: str = "en") -> str:
+    from webui.i18n import text
+
     if not missing:
         return ""
     rows = "\n".join(f"- `{key}`: `{path}`" for key, path in missing.items())
-    return (f"### Weights are missing\nThe configured {version} model set is incomplete, so synthesis with it "
-            f"will fail until these files are in place:\n{rows}\n\nPress **Download weights** to fetch the "
-            f"official files into the official layout (or run `sovits-studio download --version {version}`).")
+    command = f"sovits-studio download --version {version}"
+    hint = text("weights.missing_hint", locale, command=command)
+    return f"{text('weights.missing', locale, version=version)}\n{rows}\n\n{hint}"
 
 
-def download_weights(root: str | os.PathLike, version: str, fetch: Callable[..., Any] | None = None) -> str:
+def download_weights(root: str | os.PathLike, version: str, fetch: Callable[..., Any] | None = None,
+                     locale: str = "en") -> str:
     """Fetch the official files of ``version`` under ``root``; the outcome as text (offline: what to get)."""
     from engine.loading.download import assets_for, download
+    from webui.i18n import text
 
     lines: list[str] = []
     try:
         (fetch or download)(root, assets_for([version]), log=lines.append)
     except EngineError as e:
-        return f"Download did not complete.\n\n```\n{e}\n```"
-    return "Download complete. Reload the page to use the new weights.\n\n```\n" + "\n".join(lines[-20:]) + "\n```"
+        return f"{text('download.failed', locale)}\n\n```\n{e}\n```"
+    return f"{text('download.done', locale)}\n\n```\n" + "\n".join(lines[-20:]) + "\n```"

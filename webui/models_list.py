@@ -1,7 +1,14 @@
-"""The weight files the model dropdowns offer: every GPT and SoVITS file in the official folders, each
-labelled with the kind and version that :func:`engine.loading.inspection.describe` detects.
+"""The weight files the model pickers offer: every GPT and SoVITS file in the official folders, the
+config's folder tree and the working folder, each with a short name and the version it is for.
 
-``ModelCatalog`` owns a small cache of descriptions keyed by (path, size, mtime), so a refresh only
+A SoVITS file records its version (detected by :func:`engine.loading.inspection.describe`). A GPT
+file does not: its structure only tells the v1 symbol set from the v2 one, which every later version
+shares. The official code decides a GPT file's version by where it lies (``GPT_weights_v3`` holds
+GPT models trained for v3) and by its pretrained table (``s1v3.ckpt`` is the pretrained GPT of v3,
+v4, v2Pro and v2ProPlus), and so does :func:`gpt_versions`. GPT and SoVITS files belong together
+when they use the same symbol set (:func:`mismatch`).
+
+``ModelCatalog`` owns a bounded cache of descriptions keyed by (path, size, mtime), so a rescan only
 reads files that are new or changed. Files that are not GPT/SoVITS weights are left out of the lists.
 """
 
@@ -15,35 +22,69 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.errors import EngineError
+from engine.versions import VERSIONS
 
 log = logging.getLogger(__name__)
 
 PRETRAINED = "GPT_SoVITS/pretrained_models"
-# where the official WebUI saves trained weights (relative to the GPT-SoVITS root), plus the pretrained tree
+# where the official WebUI saves trained weights (relative to the GPT-SoVITS root)
 TRAINED_DIRS = ("GPT_weights", "GPT_weights_v2", "GPT_weights_v3", "GPT_weights_v4", "GPT_weights_v2Pro",
                 "GPT_weights_v2ProPlus", "SoVITS_weights", "SoVITS_weights_v2", "SoVITS_weights_v3",
                 "SoVITS_weights_v4", "SoVITS_weights_v2Pro", "SoVITS_weights_v2ProPlus")
+# the official pretrained GPT files by name (config.py's pretrained_gpt_name): the versions each serves
+PRETRAINED_GPT = {
+    "s1bert25hz-2kh-longer-epoch=68e-step=50232.ckpt": ("v1",),
+    "s1bert25hz-5kh-longer-epoch=12-step=369668.ckpt": ("v2",),
+    "s1v3.ckpt": ("v3", "v4", "v2Pro", "v2ProPlus"),
+}
 SUFFIXES = {"gpt": (".ckpt",), "sovits": (".pth",)}
 KINDS = {"gpt": ("gpt",), "sovits": ("sovits", "sovits-lora")}
-MAX_FILES = 500  # a folder tree with more weight files than this is listed only in part
+MAX_FILES = 500  # per scan: a folder tree with more weight files than this is listed only in part
+MAX_DEPTH = 4  # how deep the config's folder and the working folder are searched
+SKIPPED = {".git", ".venv", "venv", "node_modules", "__pycache__", ".cache", "site-packages"}
 
 
 @dataclass(frozen=True)
 class ModelFile:
     path: Path  # absolute
     kind: str  # gpt | sovits | sovits-lora
-    version: str  # v1 | v2 | v2Pro | ... as detected from the file
+    version: str  # as detected from the file: v1 | v2 | v2Pro | ... (GPT: v1 or v2, the symbol set)
 
-    def label(self, base: Path) -> str:
-        try:
-            shown = self.path.relative_to(base)
-        except ValueError:
-            shown = self.path
-        return f"{shown}  ·  {self.kind} {self.version}"
+    @property
+    def versions(self) -> tuple[str, ...]:
+        """The model versions this file is for (a GPT file: see :func:`gpt_versions`)."""
+        return gpt_versions(self.path, self.version) if self.kind == "gpt" else (self.version,)
+
+    @property
+    def tag(self) -> str:
+        return "/".join(self.versions) + (" LoRA" if self.kind == "sovits-lora" else "")
+
+
+def gpt_versions(path: Path, symbols: str) -> tuple[str, ...]:
+    """The versions a GPT file serves: by the official pretrained names, then by its weight folder."""
+    if symbols == "v1":
+        return ("v1",)
+    if path.name in PRETRAINED_GPT:
+        return PRETRAINED_GPT[path.name]
+    folder = path.parent.name
+    if folder.startswith("GPT_weights_") and folder[len("GPT_weights_"):] in VERSIONS:
+        return (folder[len("GPT_weights_"):],)
+    return tuple(v for v in VERSIONS if v != "v1")  # any version of the v2 symbol set
+
+
+def symbol_set(version: str) -> str:
+    return "v1" if version == "v1" else "v2"
+
+
+def mismatch(gpt: ModelFile, sovits: ModelFile) -> tuple[str, ...] | None:
+    """None when the two belong together; else the SoVITS versions this GPT file pairs with."""
+    if symbol_set(gpt.version) == symbol_set(sovits.version):
+        return None
+    return tuple(v for v in VERSIONS if symbol_set(v) == symbol_set(gpt.version))
 
 
 class ModelCatalog:
-    """Lists the GPT and SoVITS files under a GPT-SoVITS root (and any extra folders)."""
+    """Lists the GPT and SoVITS files under a GPT-SoVITS root, extra folders and their subfolders."""
 
     def __init__(self, base_dir: str | os.PathLike, extra_dirs: tuple[str | os.PathLike, ...] = (),
                  max_cached: int = 256) -> None:
@@ -60,36 +101,35 @@ class ModelCatalog:
         return tuple(dict.fromkeys(dirs))
 
     def files(self, which: str) -> list[ModelFile]:
-        """The ``which`` ("gpt" or "sovits") files found now, sorted by path."""
+        """The ``which`` ("gpt" or "sovits") files found now, by version then name."""
         found = []
         for path in self._candidates(SUFFIXES[which]):
-            described = self._describe(path)
+            described = self.describe(path)
             if described is not None and described.kind in KINDS[which]:
                 found.append(described)
-        return found
+        order = {v: i for i, v in enumerate(VERSIONS)}
+        return sorted(found, key=lambda f: (order.get(f.versions[0], len(order)), f.path.name.lower(), str(f.path)))
 
     def choices(self, which: str) -> list[tuple[str, str]]:
-        """(label, absolute path) pairs for a dropdown."""
-        return [(f.label(self.base_dir), str(f.path)) for f in self.files(which)]
+        """(label, absolute path) pairs for a picker: ``version · file name`` (plus its folder when two
+        files share a name), grouped by version."""
+        files = self.files(which)
+        names = [f.path.name for f in files]
+        labels = []
+        for f in files:
+            shown = f.path.name if names.count(f.path.name) == 1 else f"{f.path.parent.name}/{f.path.name}"
+            labels.append((f"{f.tag} · {shown}", str(f.path)))
+        return labels
 
-    def _candidates(self, suffixes: tuple[str, ...]) -> list[Path]:
-        seen: dict[Path, None] = {}
-        for folder in self.folders:
-            if not folder.is_dir():
-                continue
-            walk = folder.rglob("*") if folder == self.base_dir / PRETRAINED else folder.iterdir()
-            for p in walk:
-                if p.suffix in suffixes and p.is_file():
-                    seen[p.resolve()] = None
-                    if len(seen) >= MAX_FILES:
-                        log.warning("more than %d weight files under %s; listing the first ones", MAX_FILES, folder)
-                        return sorted(seen)
-        return sorted(seen)
-
-    def _describe(self, path: Path) -> ModelFile | None:
+    def describe(self, path: str | os.PathLike) -> ModelFile | None:
+        """The file's kind and version (cached), or None when it is no weight file we know."""
         from engine.loading.inspection import describe
 
-        st = path.stat()
+        path = Path(path).resolve()
+        try:
+            st = path.stat()
+        except OSError:
+            return None
         key = (str(path), st.st_size, st.st_mtime_ns)
         with self._lock:
             if key in self._cache:
@@ -106,3 +146,28 @@ class ModelCatalog:
             while len(self._cache) > self.max_cached:
                 self._cache.popitem(last=False)
         return described
+
+    def _candidates(self, suffixes: tuple[str, ...]) -> list[Path]:
+        seen: dict[Path, None] = {}
+        flat = {self.base_dir / d for d in TRAINED_DIRS}
+        for folder in self.folders:
+            for p in _walk(folder, 0 if folder in flat else MAX_DEPTH):
+                if p.suffix in suffixes:
+                    seen[p.resolve()] = None
+                    if len(seen) >= MAX_FILES:
+                        log.warning("more than %d weight files under %s; listing the first ones", MAX_FILES, folder)
+                        return sorted(seen)
+        return sorted(seen)
+
+
+def _walk(folder: Path, depth: int):
+    """Files under ``folder``, ``depth`` levels of subfolders down (hidden and tool folders skipped)."""
+    try:
+        entries = sorted(os.scandir(folder), key=lambda e: e.name)
+    except OSError:
+        return
+    for entry in entries:
+        if entry.is_file():
+            yield Path(entry.path)
+        elif depth > 0 and entry.is_dir() and entry.name not in SKIPPED and not entry.name.startswith("."):
+            yield from _walk(Path(entry.path), depth - 1)

@@ -86,16 +86,20 @@ def create_webui_app(studio, config=None, ui_settings=None, server_settings=None
 
     from studio.http.app import create_app
     from studio.http.context import ServerSettings
-    from webui.app import ASSETS, UISettings, build_ui
+    from webui.app import ASSETS, UISettings, build_ui, page_i18n, page_theme
 
     server_settings = server_settings or ServerSettings()
     upload = server_settings.max_upload_bytes
     app = create_app(studio, replace(server_settings, max_upload_bytes=upload + MULTIPART_SLACK))
     demo = build_ui(studio, config=config, catalog=catalog, settings=ui_settings or UISettings(),
-                    pool=app.state.context.runner)  # page and API share the synthesis workers
-    demo.queue(default_concurrency_limit=concurrency or server_settings.workers,
-               max_size=ServerSettings.max_queue if max_queue is None else max_queue)
+                    pool=app.state.context.runner,  # page and API share the synthesis workers
+                    super_sampler=app.state.context.super_sampler)
+    workers = concurrency or server_settings.workers
+    waiting = server_settings.max_queue if max_queue is None else max_queue
+    # gradio's queue holds the running requests too (its max_size 0 would refuse every one): the pool's
+    # workers plus its queue; the pool itself answers "busy" when the HTTP API has taken the room
+    demo.queue(default_concurrency_limit=workers, max_size=workers + waiting)
     if auth:
         app.add_middleware(ApiBasicAuth, api=app, credentials=auth)
     return gr.mount_gradio_app(app, demo, path="/", auth=auth or None, max_file_size=upload,
-                               allowed_paths=[str(ASSETS)], show_error=True)
+                               allowed_paths=[str(ASSETS)], show_error=True, theme=page_theme(), i18n=page_i18n())

@@ -9,6 +9,7 @@ feeds the **raw** 16 kHz waveform to the model (no feature-extractor normalisati
 from __future__ import annotations
 
 import os
+import pickle
 from pathlib import Path
 
 import torch
@@ -50,8 +51,8 @@ def load_hubert(folder: str | os.PathLike) -> torch.nn.Module:
     verbosity = hf_logging.get_verbosity()
     try:
         hf_logging.set_verbosity_error()  # the unused masked_spec_embed etc. are expected
-        model = HubertModel.from_pretrained(folder, local_files_only=True, torch_dtype=torch.float32)
-    except (OSError, ValueError, RuntimeError) as e:
+        model = HubertModel.from_pretrained(folder, local_files_only=True, dtype=torch.float32)
+    except (OSError, ValueError, RuntimeError, pickle.UnpicklingError, EOFError) as e:  # a corrupt weight file
         raise CheckpointError(f"HuBERT folder {folder}: cannot load weights ({e})") from e
     finally:
         hf_logging.set_verbosity(verbosity)

@@ -28,6 +28,7 @@ LAYOUT: dict[str, dict[str, str]] = {
 }
 BERT_FOLDER = "chinese-roberta-wwm-ext-large"
 HUBERT_FOLDER = "chinese-hubert-base"
+TEST_TOKEN_CAP = 50  # tokens per sentence written into a test set's config (2 s of audio)
 
 
 def make_test_weights(out_dir: str | Path, version: str, full_size: bool = False, seed: int = 0,
@@ -64,6 +65,8 @@ def make_test_weights(out_dir: str | Path, version: str, full_size: bool = False
         "device": "cpu", "is_half": False, "version": version,
         "t2s_weights_path": str(files["gpt"]), "vits_weights_path": str(files["sovits"]),
         "bert_base_path": str(root / BERT_FOLDER), "cnhuhbert_base_path": str(root / HUBERT_FOLDER),
+        # random weights rarely say EOS: a cap ends each sentence in 2 s, and the page says what this is
+        "max_tokens_per_sentence": TEST_TOKEN_CAP, "random_weights": True,
     }
     if "vocoder" in files:
         section["vocoder_path"] = str(files["vocoder"])

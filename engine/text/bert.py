@@ -4,6 +4,8 @@ text from the third-to-last hidden state, repeated per phone (official
 
 from __future__ import annotations
 
+import pickle
+
 from pathlib import Path
 from typing import Sequence
 
@@ -43,10 +45,11 @@ class BertFeatureExtractor:
             )
         try:
             tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-            model = AutoModelForMaskedLM.from_pretrained(str(folder), local_files_only=True)
-        except (OSError, ValueError) as e:
+            # an explicit dtype: transformers 5 would otherwise keep the file's own (fp16 for the official folder)
+            model = AutoModelForMaskedLM.from_pretrained(str(folder), local_files_only=True, dtype=dtype)
+        except (OSError, ValueError, RuntimeError, pickle.UnpicklingError, EOFError) as e:
             raise CheckpointError(f"cannot load the BERT model from {folder}: {e}") from e
-        return cls(model.to(device=device, dtype=dtype), tokenizer)
+        return cls(model.to(device=device), tokenizer)
 
     @property
     def hidden_size(self) -> int:

@@ -20,6 +20,11 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+# optional packages -> the pyproject extra that installs them
+EXTRAS = {"gradio": "webui", "fastapi": "server", "starlette": "server", "uvicorn": "server", "multipart": "server",
+          "python_multipart": "server"}
+
+
 def _usage() -> str:
     width = max(map(len, SUBCOMMANDS))
     rows = "\n".join(f"  {name:<{width}}  {help_text}" for name, (_, help_text) in SUBCOMMANDS.items())
@@ -53,6 +58,13 @@ def main(argv: list[str] | None = None) -> int:
         return int(importlib.import_module(SUBCOMMANDS[name][0]).run(args) or 0)
     except EngineError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 1
+    except ModuleNotFoundError as e:
+        extra = EXTRAS.get((e.name or "").split(".")[0])
+        if extra is None:
+            raise
+        print(f"error: `sovits-studio {name}` needs {e.name}, which the [{extra}] extra installs: "
+              f"pip install -e '.[{extra}]' (from a checkout) or pip install 'sovits-studio[{extra}]'", file=sys.stderr)
         return 1
 
 

@@ -4,6 +4,7 @@ a random model set in the official formats, optionally with other GPT widths (e.
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 
 from engine.versions import VERSIONS
@@ -21,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.testweights import make_test_weights
+    from engine.testweights import TEST_TOKEN_CAP, make_test_weights
 
     shape = {key: value for key, value in (("hidden_dim", args.t2s_width), ("head", args.t2s_heads),
                                             ("n_layer", args.t2s_layers)) if value is not None}
@@ -31,4 +32,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"wrote a random {args.version} model set; config: {config}")
+    print(f"next, try it in the browser (random weights make noise, not speech; each sentence stops after "
+          f"{TEST_TOKEN_CAP / 25:g} s):\n  sovits-studio webui --config {shlex.quote(str(config))}")
     return 0

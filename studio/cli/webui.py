@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 import threading
+from pathlib import Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,15 +33,17 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     auth = parse_auth(args.auth) if args.auth else None
     config = load_engine_config(args.config, required=True)
-    catalog = ModelCatalog(config.base_dir, extra_dirs=tuple(
-        config.path(k).parent for k in ("t2s_weights_path", "vits_weights_path")))
+    catalog = ModelCatalog(config.base_dir, extra_dirs=(  # the config's folder tree, the working folder
+        *(config.path(k).parent for k in ("t2s_weights_path", "vits_weights_path")), Path(config.source).parent,
+        Path.cwd()))
     roots = tuple(str(d) for d in catalog.folders)
     studio = build_studio(config, args, weight_roots=roots)
     notice = studio.device_notice[:1].upper() + studio.device_notice[1:]
+    max_tokens = args.max_tokens_per_sentence or config.active.max_tokens_per_sentence or None  # test sets cap it
     server_settings = ServerSettings(weight_roots=roots, profiles_dir=args.profiles_dir, max_queue=args.max_queue,
                                      max_upload_bytes=int(args.max_upload_mb * MIB), workers=args.workers,
-                                     max_tokens_per_sentence=args.max_tokens_per_sentence)
-    ui = UISettings(max_tokens_per_sentence=args.max_tokens_per_sentence, notice=notice)
+                                     max_tokens_per_sentence=max_tokens)
+    ui = UISettings(max_tokens_per_sentence=max_tokens, notice=notice, random_weights=config.active.random_weights)
     print("listing weight files...", file=sys.stderr)
     app = create_webui_app(studio, config, ui, server_settings, auth, concurrency=args.workers,
                            max_queue=args.max_queue, catalog=catalog)

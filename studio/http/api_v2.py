@@ -168,6 +168,9 @@ def _start(ctx: "ServerContext", job: TTSJob) -> Iterator[Any]:
         raise ReferenceAudioError(f"{job.reference_field}: {e}") from e
 
 
+V3_SAMPLE_RATE = 24000  # only v3 speaks at 24 kHz: the official code super-samples v3 only
+
+
 def synthesize_whole(ctx: "ServerContext", job: TTSJob, encode_as: str | None = None,
                      rate: int | None = None) -> tuple[bytes, int, float]:
     """Synthesise the whole text and encode it: (file bytes, sample rate, seconds of audio)."""
@@ -181,6 +184,10 @@ def synthesize_whole(ctx: "ServerContext", job: TTSJob, encode_as: str | None = 
         results.close()
     seconds = len(audio) / sr
     ctx.metrics.audio_seconds.inc(amount=seconds)
+    if job.options.super_sampling and sr == V3_SAMPLE_RATE and ctx.super_sampler is not None:
+        sampler = ctx.super_sampler.get()  # absent: the audio keeps its rate, as in the official code
+        if sampler is not None:
+            audio, sr = sampler(audio, sr)
     if rate is not None and rate != sr:
         from engine.audio import resample_soxr
 
@@ -216,12 +223,13 @@ async def respond(ctx: "ServerContext", job: TTSJob, endpoint: str, t0: float):
     """Run a job on the worker pool: a whole-file Response or a StreamingResponse."""
     metrics = ctx.metrics
     labels = {"endpoint": endpoint}
+    headers = language_warning(job.text, job.text_lang)
     if not job.streaming:
         data, _, _ = await ctx.runner.run(synthesize_whole, ctx, job)
         elapsed = time.perf_counter() - t0
         metrics.first_chunk.observe(elapsed, labels)
         metrics.latency.observe(elapsed, labels)
-        return Response(data, media_type=content_type(job.media_type))
+        return Response(data, media_type=content_type(job.media_type), headers=headers)
     stream = await ctx.runner.stream(lambda: start_stream(ctx, job), ctx.settings.max_pending_chunks)
 
     async def body():
@@ -240,7 +248,15 @@ async def respond(ctx: "ServerContext", job: TTSJob, endpoint: str, t0: float):
             stream.cancel()
             metrics.latency.observe(time.perf_counter() - t0, labels)
 
-    return StreamingResponse(body(), media_type=content_type(job.media_type))
+    return StreamingResponse(body(), media_type=content_type(job.media_type), headers=headers)
+
+
+def language_warning(text: str, text_lang: str) -> dict[str, str]:
+    """``X-Text-Language-Warning`` when ``text_lang`` reads almost none of the text (synthesis still runs)."""
+    from engine.text.language_check import check_text_language
+
+    message = check_text_language(text, text_lang).message()
+    return {"X-Text-Language-Warning": message} if message else {}
 
 
 async def read_request(request: "Request") -> tuple[TTSRequest, bytes | None, tuple[bytes, ...]]:

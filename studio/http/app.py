@@ -55,6 +55,7 @@ def create_app(studio: "Studio", settings: ServerSettings = ServerSettings(),
         profiles=ProfileStore(settings.profiles_dir, settings.max_upload_bytes) if settings.profiles_dir else None,
         reference_roots=tuple(Path(r).resolve() for r in settings.reference_roots),
         weight_roots=tuple(str(r) for r in roots), on_control=on_control,
+        super_sampler=_super_sampler(studio),
     )
 
     from contextlib import asynccontextmanager
@@ -100,3 +101,12 @@ def create_app(studio: "Studio", settings: ServerSettings = ServerSettings(),
                 "uptime_seconds": round(time.time() - ctx.started, 1)}
 
     return app
+
+
+def _super_sampler(studio):
+    """The store of the v3 AP-BWE model, at the official place under the model set's root (loaded on first use)."""
+    from engine.acoustic.super_sampling import OFFICIAL_PATH, SuperSamplerStore
+
+    base = getattr(getattr(studio, "default_weights", None), "base_dir", None)
+    runtime = getattr(studio, "runtime", None)
+    return None if base is None else SuperSamplerStore(Path(base) / OFFICIAL_PATH, getattr(runtime, "device", "cpu"))

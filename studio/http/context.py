@@ -63,6 +63,7 @@ class ServerContext:
     weight_roots: tuple[str, ...]
     on_control: Callable[[str], None] | None = None
     started: float = field(default_factory=time.time)
+    super_sampler: Any | None = None  # engine.acoustic.super_sampling.SuperSamplerStore (v3 super_sampling)
 
     def bounded(self, options: Any) -> Any:
         """``options`` with the server's token cap applied (SynthesisOptions.early_stop_num)."""

@@ -97,3 +97,16 @@ def test_extensions_are_validated() -> None:
     assert cfg.active.vocoder_backend == "coreml" and cfg.active.vocoder_coreml_package == "v.mlpackage"
     with pytest.raises(ConfigError, match="vocoder_backend"):
         parse_config({"custom": dict(base, vocoder_backend="onnx")})
+
+
+def test_a_token_cap_and_the_random_weights_mark_are_checked() -> None:
+    from engine.config import parse_config
+
+    section = {"device": "cpu", "is_half": False, "version": "v2", "t2s_weights_path": "", "vits_weights_path": "",
+               "bert_base_path": "", "cnhuhbert_base_path": ""}
+    config = parse_config({"custom": {**section, "max_tokens_per_sentence": 50, "random_weights": True}})
+    assert config.active.max_tokens_per_sentence == 50 and config.active.random_weights
+    assert parse_config({"custom": section}).active.max_tokens_per_sentence == 0  # the model's own limit
+    for bad in (-1, "50", True, 2.5):
+        with pytest.raises(ConfigError, match="max_tokens_per_sentence must be a whole number"):
+            parse_config({"custom": {**section, "max_tokens_per_sentence": bad}})

@@ -27,7 +27,8 @@ def _official_formula(folder, text, word2ph):
     from transformers import AutoModelForMaskedLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(folder))
-    model = AutoModelForMaskedLM.from_pretrained(str(folder)).eval()
+    # the official code ran under transformers 4, whose default dtype was float32 (5 keeps the file's)
+    model = AutoModelForMaskedLM.from_pretrained(str(folder), dtype=torch.float32).eval()
     with torch.no_grad():
         res = model(**tok(text, return_tensors="pt"), output_hidden_states=True)
         res = torch.cat(res["hidden_states"][-3:-2], -1)[0].cpu()[1:-1]

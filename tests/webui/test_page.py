@@ -96,14 +96,63 @@ def test_reference_length_is_measured_and_bad_clips_are_explained(tmp_path) -> N
     assert describe_reference(str(REF), rules).startswith("✓ 5.85 s")
     t = np.arange(12 * 16000) / 16000
     long = _wav(tmp_path / "long.wav", 0.3 * np.sin(2 * np.pi * 220 * t))
-    assert "12.00 s" in describe_reference(str(long), rules) and "too long" in describe_reference(str(long), rules)
+    message = describe_reference(str(long), rules)
+    assert "12.00 s long" in message and "3–10 s" in message and "✂ trim" in message  # points to the page's tool
+    assert "ReferenceRules" not in message and "fit=" not in message
+    assert "剪辑" in describe_reference(str(long), rules, "zh-CN")
+    assert "12.00" in describe_reference(str(long), rules, "ja")
     silent = _wav(tmp_path / "silent.wav", np.zeros(4 * 16000))
-    assert "silent" in describe_reference(str(silent), rules)
+    message = describe_reference(str(silent), rules)
+    assert "silent" in message and "dBFS" not in message and "inf" not in message
+    assert "静音" in describe_reference(str(silent), rules, "zh-CN")
     text = tmp_path / "notes.wav"
     text.write_text("not audio at all")
     message = describe_reference(str(text), rules)
-    assert message.startswith("Problem:") and "cannot read audio" in message and str(tmp_path) not in message
+    assert "“notes.wav” is not an audio file" in message and "wav, flac, ogg or mp3" in message
+    assert str(tmp_path) not in message and "<" not in message and "object at" not in message
     assert describe_reference(None, rules) == ""
+
+
+def test_engine_errors_read_as_the_pages_user_needs_them() -> None:
+    from engine.errors import CheckpointError, OptionsError, ReferenceAudioError, TextError
+    from webui.messages import user_message
+
+    files = {"/tmp/gradio/ab12/clip.wav": "ref", "/tmp/gradio/cd34/notes.txt": "aux", "/w/s2G.pth": "gpt",
+             "/w/s1.ckpt": "sovits"}
+    unreadable = ReferenceAudioError("cannot read audio /tmp/gradio/cd34/notes.txt: Error opening "
+                                     "<_io.BytesIO object at 0x7f00aa>: Format not recognised.")
+    assert user_message(unreadable, "en", files).startswith("“notes.txt” is not an audio file")
+    japanese = user_message(unreadable, "ja", files)
+    assert "notes.txt" in japanese and "ファイル" in japanese
+    not_gpt = CheckpointError("/w/s2G.pth is not a GPT-SoVITS GPT (.ckpt) file")
+    assert "not a GPT model" in user_message(not_gpt, "en", files)
+    assert "not a SoVITS model" in user_message(CheckpointError("SoVITS weights /w/s1.ckpt start with unknown bytes"),
+                                                "en", files)
+    assert "does not exist" in user_message(CheckpointError("sovits_weights '/w/x.pth' does not exist"), "en", {})
+    assert user_message(TextError("text is empty"), "zh-CN") == "文本为空：请输入要说的话。"
+    odd = user_message(OptionsError("top_k <object object at 0xdeadbeef> out of range"), "en")
+    assert "top_k" in odd and "0xdeadbeef" not in odd
+
+
+def test_every_language_has_every_text_with_the_same_blanks() -> None:
+    import string
+
+    from webui import i18n
+
+    table = i18n.translations()
+    blanks = {k: {f for _, f, _, _ in string.Formatter().parse(v) if f} for k, v in table["en"].items()}
+    for locale in i18n.LOCALES:
+        assert set(table[locale]) == set(table["en"]), locale
+        for key, value in table[locale].items():
+            assert {f for _, f, _, _ in string.Formatter().parse(value) if f} == blanks[key], (locale, key)
+    assert i18n.normalize("zh-TW") == "zh-CN" and i18n.normalize("ja-JP") == "ja" and i18n.normalize("fr") == "en"
+    from engine.text.frontend import languages
+    from webui import form
+
+    needed = {f"lang.{c}" for c in languages("v2")} | {c.name for c in form.CONTROLS} | {
+        f"{c.name}.info" for c in form.CONTROLS} | {label for c in form.CONTROLS for label, _ in c.choices
+                                                     if not label.isdigit()}
+    assert needed <= set(table["en"])
 
 
 def test_no_reference_clip_is_a_readable_error() -> None:
@@ -199,7 +248,7 @@ def test_token_cap_applies_to_requests_without_one(studio) -> None:
 # ---- model lists --------------------------------------------------------------------------------
 
 
-def test_model_lists_show_each_files_detected_kind_and_version(sets, tmp_path) -> None:
+def test_model_lists_show_short_names_with_the_version_each_file_is_for(sets, tmp_path) -> None:
     from webui.models_list import ModelCatalog
 
     cfg2, gpt2, sovits2 = sets["v2"]
@@ -207,14 +256,51 @@ def test_model_lists_show_each_files_detected_kind_and_version(sets, tmp_path) -
     catalog = ModelCatalog(cfg2.parent, extra_dirs=(_pretrained(sets["v1"][0]),))
     gpts, sovitses = dict((v, k) for k, v in catalog.choices("gpt")), dict((v, k) for k, v in catalog.choices("sovits"))
     assert set(gpts) == {str(gpt2), str(gpt1)} and set(sovitses) == {str(sovits2), str(sovits1)}
-    assert sovitses[str(sovits2)].endswith("sovits v2") and sovitses[str(sovits1)].endswith("sovits v1")
-    assert gpts[str(gpt1)].endswith("gpt v1") and "gsv-v2final-pretrained" in gpts[str(gpt2)]
+    assert sovitses[str(sovits2)] == "v2 · s2G2333k.pth" and sovitses[str(sovits1)] == "v1 · s2G488k.pth"
+    assert gpts[str(gpt1)].startswith("v1 · s1bert25hz-2kh") and gpts[str(gpt2)].startswith("v2 · s1bert25hz-5kh")
+    assert [label[:2] for label, _ in catalog.choices("sovits")] == ["v1", "v2"]  # grouped by version
     # a file that is no weight file is left out
     (_pretrained(cfg2) / "broken.pth").write_bytes(b"garbage")
     try:
         assert str(_pretrained(cfg2) / "broken.pth") not in dict((v, k) for k, v in catalog.choices("sovits"))
     finally:
         (_pretrained(cfg2) / "broken.pth").unlink()
+
+
+def test_a_gpt_files_version_follows_the_official_names_and_folders(sets, tmp_path) -> None:
+    import shutil
+
+    from webui.models_list import ModelCatalog, mismatch
+
+    _, gpt2, sovits2 = sets["v2"]
+    _, gpt1, _ = sets["v1"]
+    (tmp_path / "GPT_weights_v4").mkdir()
+    (tmp_path / "deep" / "er" / "still").mkdir(parents=True)
+    for target in (tmp_path / "s1v3.ckpt", tmp_path / "GPT_weights_v4" / "mine-e15.ckpt",
+                   tmp_path / "deep" / "er" / "still" / "other.ckpt"):
+        shutil.copyfile(gpt2, target)
+    catalog = ModelCatalog(tmp_path / "nowhere", extra_dirs=(tmp_path,))  # a folder tree, searched in depth
+    labels = dict((v, k) for k, v in catalog.choices("gpt"))
+    assert labels[str(tmp_path / "s1v3.ckpt")] == "v3/v4/v2Pro/v2ProPlus · s1v3.ckpt"  # not "gpt v2"
+    assert labels[str(tmp_path / "GPT_weights_v4" / "mine-e15.ckpt")] == "v4 · mine-e15.ckpt"
+    assert labels[str(tmp_path / "deep" / "er" / "still" / "other.ckpt")].startswith("v2/v3/v4")
+    s1v3, v1_gpt, v2_sovits = (catalog.describe(p) for p in (tmp_path / "s1v3.ckpt", gpt1, sovits2))
+    assert mismatch(s1v3, v2_sovits) is None  # one symbol set: they belong together
+    assert mismatch(v1_gpt, v2_sovits) == ("v1",)
+
+
+def test_a_pair_that_does_not_belong_together_is_named(sets) -> None:
+    from webui import handlers
+    from webui.models_list import ModelCatalog
+
+    cfg2, gpt2, sovits2 = sets["v2"]
+    _, gpt1, _ = sets["v1"]
+    catalog = ModelCatalog(cfg2.parent, extra_dirs=(_pretrained(sets["v1"][0]),))
+    assert handlers.pair_note(catalog, str(gpt2), str(sovits2)) == ""
+    note = handlers.pair_note(catalog, str(gpt1), str(sovits2))
+    assert "do not belong together" in note and gpt1.name in note and "s2G2333k.pth" in note
+    assert "不配套" in handlers.pair_note(catalog, str(gpt1), str(sovits2), "zh-CN")
+    assert handlers.pair_note(catalog, "/nowhere.ckpt", str(sovits2)) == ""
 
 
 # ---- missing weights ----------------------------------------------------------------------------
@@ -230,7 +316,9 @@ def test_missing_weights_are_listed_and_the_download_explains_itself_offline(tmp
     missing = handlers.missing_weights(config, WeightSet.from_config(config))
     assert set(missing) == {"t2s_weights_path", "vits_weights_path", "bert_base_path", "cnhuhbert_base_path"}
     report = handlers.missing_report(missing, "v2")
-    assert "s2G2333k.pth" in report and "Download weights" in report
+    assert "s2G2333k.pth" in report and "Download the official weights" in report
+    assert "sovits-studio download --version v2" in report
+    assert "缺少模型文件" in handlers.missing_report(missing, "v2", "zh-CN")
 
     class OfflineHub:
         def hf_hub_download(self, **_):
@@ -238,7 +326,7 @@ def test_missing_weights_are_listed_and_the_download_explains_itself_offline(tmp
 
     monkeypatch.setattr(download, "_hub", lambda: OfflineHub())
     message = handlers.download_weights(tmp_path, "v2")
-    assert message.startswith("Download did not complete") and "cannot be reached" in message
+    assert message.startswith("The download did not complete") and "cannot be reached" in message
     assert "s2G2333k.pth" in message and not (tmp_path / "GPT_SoVITS" / "pretrained_models" / "s2G2333k.pth").exists()
 
 
@@ -288,16 +376,81 @@ def test_share_link_or_the_reason_there_is_none(monkeypatch) -> None:
     assert message.startswith("warning: no share link") and "still served locally" in message
 
 
-def test_streamed_chunks_encode_without_an_ffmpeg_program() -> None:
-    from webui.streaming_audio import wav_to_adts
+def test_streamed_chunks_encode_without_an_ffmpeg_program(monkeypatch) -> None:
+    """One PyAV encoder per stream: chunks of any length in, whole ADTS frames out, nothing lost."""
+    import av
 
-    buf = io.BytesIO()
-    sf.write(buf, 0.1 * np.sin(np.arange(32000) / 10.0).astype(np.float32), 32000, format="WAV")
-    data, seconds = wav_to_adts(buf.getvalue())
-    assert seconds == pytest.approx(1.0) and data[:2] == b"\xff\xf1"  # ADTS sync word, MPEG-4 AAC
+    from webui.streaming_audio import PyAVAacStream, split_adts
+
+    monkeypatch.setenv("PATH", "")  # no ffmpeg program can be found
+    stream = PyAVAacStream(32000, 1)
+    tone = (3000 * np.sin(np.arange(48000) / 10.0)).astype("<i2")
+    frames = []
+    for piece in np.array_split(tone, 3):  # 16000 samples each: not a multiple of the 1024 of a frame
+        stream.feed(piece.tobytes())
+        frames += stream.take()
+    frames += stream.flush()
+    assert frames and all(f[:2] == b"\xff\xf1" for f in frames)  # ADTS sync word, MPEG-4 AAC
+    assert split_adts(b"".join(frames)) == frames
+    assert len(frames) * stream.frame_duration == pytest.approx(48000 / 32000, abs=3 * 1024 / 32000)
+    container = av.open(io.BytesIO(b"".join(frames)))
+    decoded = np.concatenate([f.to_ndarray().reshape(-1) for f in container.decode(audio=0)])
+    assert abs(len(decoded) - 48000) <= 3 * 1024 and np.abs(decoded).max() > 0.05  # the tone, not silence
 
 
 def test_importing_the_ui_writes_nothing_into_the_tree() -> None:
     code = "import webui.app, webui.server"
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, capture_output=True)
     assert not list((REPO / "webui").glob("*.pyi"))
+
+
+def test_without_the_webui_extra_the_command_says_what_to_install(tmp_path) -> None:
+    code = ("import sys; sys.modules['gradio'] = None\n"  # as if the [webui] extra were not installed
+            "from studio.cli import main\n"
+            f"sys.exit(main(['webui', '--config', {str(REPO / 'configs' / 'tts_infer.yaml')!r}]))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                          env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 1 and "pip install -e '.[webui]'" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_v3_super_sampling_widens_the_whole_clip_once(tmp_path) -> None:
+    from engine.acoustic.super_sampling import SuperSamplerStore
+    from engine.pipeline import Result
+    from engine.testweights.ap_bwe import write_ap_bwe
+    from webui import handlers
+
+    class TwoSentences:  # what a v3 model set yields: 24 kHz pieces
+        def synthesize(self, *args, **kwargs):
+            tone = (0.2 * np.sin(np.arange(12000) / 5.0)).astype(np.float32)
+            return (Result(tone, 24000, "a", (), i, i, i == 1, 3) for i in range(2))
+
+    store = SuperSamplerStore(tmp_path / "tools" / "AP_BWE_main" / "24kto48k" / "g_24kto48k.zip")
+    assert store.get() is None  # not there yet: the page says where it belongs
+    write_ap_bwe(store.path.parent)
+    chunks = list(handlers.synthesize(TwoSentences(), "a. b.", "en", None, SynthesisOptions(super_sampling=True),
+                                      super_sampler=store.get()))
+    *pieces, final = chunks
+    assert [c.sample_rate for c in pieces] == [24000, 24000]  # the streamed preview keeps the model's rate
+    assert final.sample_rate == 48000 and abs(final.pcm16.shape[0] - 48000) <= 16 and "48 kHz" in final.status
+    assert store.get() is store.get()  # loaded once
+
+
+def test_make_test_weights_prints_the_webui_command_and_caps_its_sentences(tmp_path, capsys) -> None:
+    import shlex
+
+    from engine.config import load_config
+    from engine.pipeline import Studio
+    from studio.cli import main
+    from webui.app import UISettings, build_ui
+
+    assert main(["make-test-weights", str(tmp_path / "try it"), "--version", "v1"]) == 0
+    out = capsys.readouterr().out
+    config_path = tmp_path / "try it" / "tts_infer.yaml"
+    assert f"sovits-studio webui --config {shlex.quote(str(config_path))}" in out  # the exact next step
+    config = load_config(config_path)
+    assert config.active.max_tokens_per_sentence == 50 and config.active.random_weights
+    studio = Studio.from_config(config, device="cpu", precision="fp32")
+    settings = UISettings(max_tokens_per_sentence=config.active.max_tokens_per_sentence, random_weights=True)
+    page = build_ui(studio, config=config, settings=settings).get_config_file()
+    notice = next(c["props"]["value"] for c in page["components"] if c["props"].get("elem_id") == "notice")
+    assert "random-weight test model" in notice and "50 tokens (2 s)" in notice

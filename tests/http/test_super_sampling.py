@@ -1,0 +1,40 @@
+"""api_v2's super_sampling: a v3 (24 kHz) answer is widened to 48 kHz with the AP-BWE model when it
+is in its official place, and keeps its rate when it is not (as the official code does)."""
+
+from __future__ import annotations
+
+import io
+from types import SimpleNamespace
+
+import numpy as np
+import soundfile as sf
+
+from engine.acoustic.super_sampling import SuperSamplerStore
+from engine.options import SynthesisOptions
+from engine.pipeline import Result
+from engine.testweights.ap_bwe import write_ap_bwe
+from studio.http.api_v2 import TTSJob, synthesize_whole
+
+
+def _ctx(store, rate: int):
+    def synthesize(*args, **kwargs):
+        tone = (0.2 * np.sin(np.arange(rate // 2) / 5.0)).astype(np.float32)
+        return (Result(tone, rate, "a", (), i, i, i == 1, 3) for i in range(2))
+
+    metrics = SimpleNamespace(audio_seconds=SimpleNamespace(inc=lambda amount: None))
+    return SimpleNamespace(studio=SimpleNamespace(synthesize=synthesize), metrics=metrics, super_sampler=store)
+
+
+def _job(super_sampling: bool) -> TTSJob:
+    return TTSJob("a. b.", "en", None, SynthesisOptions(super_sampling=super_sampling), None, None, "wav", False)
+
+
+def test_v3_answers_are_widened_when_the_model_is_in_place(tmp_path) -> None:
+    store = SuperSamplerStore(tmp_path / "g_24kto48k.zip")
+    data, rate, _ = synthesize_whole(_ctx(store, 24000), _job(True))
+    assert rate == 24000 and sf.info(io.BytesIO(data)).samplerate == 24000  # absent: the rate stays
+    write_ap_bwe(tmp_path)
+    data, rate, _ = synthesize_whole(_ctx(store, 24000), _job(True))
+    assert rate == 48000 and sf.info(io.BytesIO(data)).samplerate == 48000
+    assert synthesize_whole(_ctx(store, 24000), _job(False))[1] == 24000  # only when asked
+    assert synthesize_whole(_ctx(store, 32000), _job(True))[1] == 32000  # v3 only
