@@ -36,7 +36,7 @@ from engine.stream_stats import StreamSample, format_summary, summarize
 REF_TEXT = "今天天气很好，我们一起去公园散步吧。"
 TEXT = "这是一个用于测试语音合成速度的句子。我们希望它听起来自然流畅，并且速度足够快。"
 ENDPOINTS = {"tts": "/tts", "speech": "/v1/audio/speech"}
-VOICE_NAME = "loadtest"  # the voice saved for /v1/audio/speech when none is named
+VOICE_PREFIX = "loadtest-"  # a voice saved for the run (and deleted after it) when none is named
 _READ = 1 << 16
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")  # name{labels} value [timestamp]
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
@@ -68,7 +68,7 @@ class LoadConfig:
     ref_path: str | None = None  # a server-side ref_audio_path instead of an upload
     prompt_text: str = REF_TEXT
     prompt_lang: str = "zh"
-    voice: str | None = None  # /v1/audio/speech voice; None: save the reference as VOICE_NAME first
+    voice: str | None = None  # /v1/audio/speech voice; None: save the reference for the run, delete it after
     seed: int = 1
     fields: tuple[tuple[str, Any], ...] = ()  # more request fields (name, value), e.g. ("top_k", 5)
     memory_interval_s: float = 1.0  # /metrics scrape period while a level runs
@@ -381,7 +381,7 @@ def build_request(cfg: LoadConfig, voice: str | None = None) -> Request:
     """The one request every client sends (built once: its bytes are reused)."""
     extra = dict(cfg.fields)
     if cfg.endpoint == "speech":
-        body = {"model": "tts-1", "input": cfg.text, "voice": voice or cfg.voice or VOICE_NAME,
+        body = {"model": "tts-1", "input": cfg.text, "voice": voice or cfg.voice,
                 "response_format": "wav", "language": cfg.text_lang, "seed": cfg.seed, **extra}
         return Request("POST", ENDPOINTS["speech"], json.dumps(body).encode(), "application/json")
     fields = {"text": cfg.text, "text_lang": cfg.text_lang, "prompt_text": cfg.prompt_text,
@@ -403,15 +403,15 @@ async def simple(target: Target, request: Request, timeout_s: float = 30.0) -> t
 
 
 async def save_voice(target: Target, cfg: LoadConfig) -> str:
-    """Save the reference as voice VOICE_NAME for /v1/audio/speech (replacing an older one)."""
-    await simple(target, Request("DELETE", f"/v1/voices/{VOICE_NAME}"))
-    body, ctype = multipart({"name": VOICE_NAME, "prompt_text": cfg.prompt_text, "prompt_lang": cfg.prompt_lang},
+    """Save the reference as a voice of this run's own name for /v1/audio/speech (deleted afterwards)."""
+    name = f"{VOICE_PREFIX}{uuid.uuid4().hex[:8]}"
+    body, ctype = multipart({"name": name, "prompt_text": cfg.prompt_text, "prompt_lang": cfg.prompt_lang},
                             {"audio": ("reference.wav", cfg.ref_audio or synthetic_reference())})
     status, answer = await simple(target, Request("POST", "/v1/voices", body, ctype))
     if status not in (200, 201):
-        raise LoadTestError(f"could not save the voice {VOICE_NAME!r} for /v1/audio/speech "
-                            f"({status}: {_message(answer)}); name an existing one with --voice")
-    return VOICE_NAME
+        raise LoadTestError(f"could not save a voice for /v1/audio/speech ({status}: {_message(answer)}); "
+                            f"name a saved one with --voice")
+    return name
 
 
 # ---- server memory from /metrics -----------------------------------------------------------
@@ -451,11 +451,8 @@ class MemoryProbe:
     device: list[float] = field(default_factory=list)
 
     async def probe(self) -> None:
-        try:
-            status, body = await simple(self.target, Request("GET", "/metrics"), 10.0)
-        except (OSError, IncompleteResponse, asyncio.TimeoutError) as e:
-            self.note = f"n/a: /metrics could not be read ({e or type(e).__name__})"
-            return
+        """The first scrape (connection errors propagate: the server is not there)."""
+        status, body = await simple(self.target, Request("GET", "/metrics"), 10.0)
         if status != 200:
             self.note = f"n/a: the server has no /metrics (HTTP {status})"
             return
@@ -565,27 +562,31 @@ async def run_level(cfg: LoadConfig, target: Target, request: Request, clients: 
 
 async def _run(cfg: LoadConfig, log: Callable[[str], None]) -> dict[str, Any]:
     target = Target.parse(cfg.url)
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     memory = MemoryProbe(target)
-    await memory.probe()
-    if memory.note.startswith("n/a: /metrics could not be read"):
-        raise LoadTestError(f"{cfg.url} does not answer ({memory.note[len('n/a: /metrics could not be read '):]}); "
-                            f"start the server first (sovits-studio serve)")
+    try:
+        await memory.probe()
+    except (OSError, IncompleteResponse, asyncio.TimeoutError) as e:
+        raise LoadTestError(f"{cfg.url} does not answer ({str(e) or type(e).__name__}); start the server first "
+                            f"(sovits-studio serve) or give its address with --url") from None
     log(f"server memory: {memory.note}")
     voice = await save_voice(target, cfg) if cfg.endpoint == "speech" and cfg.voice is None else cfg.voice
-    request = build_request(cfg, voice)
-    for i in range(cfg.warmup):
-        r = await timed_stream(target, request, time.perf_counter(), cfg.timeout_s)
-        log(f"warm-up {i + 1}/{cfg.warmup}: " + (f"{r.audio_s:.2f} s of audio in {r.wall_s:.2f} s" if r.error is None
-                                                  else f"failed ({r.error}: {r.message})"))
-    levels = []
-    for clients in cfg.clients:
-        level = await run_level(cfg, target, request, clients, memory)
-        log(format_level(level))
-        levels.append(level)
+    try:
+        request = build_request(cfg, voice)
+        for i in range(cfg.warmup):
+            r = await timed_stream(target, request, time.perf_counter(), cfg.timeout_s)
+            log(f"warm-up {i + 1}/{cfg.warmup}: " + (f"{r.audio_s:.2f} s of audio in {r.wall_s:.2f} s"
+                                                      if r.error is None else f"failed ({r.error}: {r.message})"))
+        levels = []
+        for clients in cfg.clients:
+            levels.append(await run_level(cfg, target, request, clients, memory))
+            log(format_level(levels[-1]))
+    finally:
+        if voice is not None and voice != cfg.voice:
+            await simple(target, Request("DELETE", f"/v1/voices/{voice}"))
     return {"tool": "sovits-studio loadtest", "url": cfg.url, "endpoint": ENDPOINTS[cfg.endpoint],
             "mode": "closed loop" if cfg.rate is None else f"fixed arrival rate {cfg.rate:g}/s",
-            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "workload": _workload(cfg), "server_memory_source": memory.note, "levels": levels}
+            "started": started, "workload": _workload(cfg), "server_memory_source": memory.note, "levels": levels}
 
 
 def _workload(cfg: LoadConfig) -> dict[str, Any]:

@@ -272,3 +272,6 @@ def test_ci_size_openai_speech_load(tiny_server, capsys) -> None:
                  "--warmup", "0"]) == 0
     table = capsys.readouterr().out.splitlines()
     assert table[0].startswith("clients") and table[1].split()[:3] == ["2", "2", "2"]
+    import httpx
+
+    assert httpx.get(f"{tiny_server}/v1/voices").json() == {"voices": []}  # the run's own voice is deleted
