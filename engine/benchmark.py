@@ -230,18 +230,19 @@ def _options(b: Bench):
 
 def bench_end_to_end(b: Bench) -> dict[str, Any]:
     """Whole-file synthesis of the short, medium and long texts: wall time and real-time factor."""
-    out = {}
     opts = _options(b)
-    for label, text in TEXTS.items():
+
+    def timed(text: str) -> dict[str, Any]:
         seconds: list[float] = []
 
-        def once(text: str = text) -> None:
+        def once() -> None:
             results = list(b.studio.synthesize(text, b.cfg.text_lang, b.reference, opts))
             seconds.append(sum(len(r.audio) for r in results) / results[0].sample_rate)
 
         r = b.measure(once)
-        out[label] = {**r, "audio_s": round(seconds[-1], 2), "rtf": round(r["median_s"] / seconds[-1], 4)}
-    return out
+        return {**r, "audio_s": round(seconds[-1], 2), "rtf": round(r["median_s"] / seconds[-1], 4)}
+
+    return {label: timed(text) for label, text in TEXTS.items()}
 
 
 def _stream_options(b: Bench):
@@ -264,35 +265,36 @@ def bench_concurrent_streams(b: Bench) -> dict[str, Any]:
     """For each N in ``streams``: N threads each stream the medium text through the one Studio at
     once (as N HTTP clients would); first-chunk percentiles, each stream's audio s per wall s, total
     audio s per s (:func:`engine.stream_stats.summarize`)."""
+    return {str(n): _concurrent_streams(b, n) for n in b.cfg.streams}
+
+
+def _concurrent_streams(b: Bench, n: int) -> dict[str, Any]:
     from engine.stream_stats import StreamSample, summarize
 
     opts = _stream_options(b)
-    out: dict[str, Any] = {}
-    for n in b.cfg.streams:
-        samples: list[StreamSample] = []
-        gate = threading.Barrier(n + 1)
+    samples: list[StreamSample] = []
+    gate = threading.Barrier(n + 1)  # every stream starts together
 
-        def stream() -> None:
-            gate.wait()
-            t0 = time.perf_counter()
-            first, audio, error = None, 0.0, None
-            try:
-                for r in b.studio.synthesize(TEXTS["medium"], b.cfg.text_lang, b.reference, opts):
-                    first = time.perf_counter() - t0 if first is None else first
-                    audio += len(r.audio) / r.sample_rate
-            except Exception as e:  # noqa: BLE001 - a failing stream is a result here: count it by type
-                error = type(e).__name__
-            samples.append(StreamSample(first, time.perf_counter() - t0, audio, error))
-
-        threads = [threading.Thread(target=stream, name=f"bench-stream-{i}", daemon=True) for i in range(n)]
-        for t in threads:
-            t.start()
+    def stream() -> None:
         gate.wait()
         t0 = time.perf_counter()
-        for t in threads:
-            t.join()
-        out[str(n)] = summarize(samples, time.perf_counter() - t0)
-    return out
+        first, audio, error = None, 0.0, None
+        try:
+            for r in b.studio.synthesize(TEXTS["medium"], b.cfg.text_lang, b.reference, opts):
+                first = time.perf_counter() - t0 if first is None else first
+                audio += len(r.audio) / r.sample_rate
+        except Exception as e:  # noqa: BLE001 - a failing stream is a result here: count it by type
+            error = type(e).__name__
+        samples.append(StreamSample(first, time.perf_counter() - t0, audio, error))
+
+    threads = [threading.Thread(target=stream, name=f"bench-stream-{i}", daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    gate.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    return summarize(samples, time.perf_counter() - t0)
 
 
 # stage name -> function; a function returning None skips its stage for these models
@@ -309,6 +311,7 @@ STAGES: tuple[tuple[str, Callable[[Bench], dict[str, Any] | None]], ...] = (
 
 
 def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+    """Run every stage of :data:`STAGES` on ``cfg``'s workload; the report (JSON-ready)."""
     with tempfile.TemporaryDirectory(prefix="sovits-bench-") as work:
         b, setup_s = load_bench(cfg, Path(work))
         log(f"models loaded on {b.studio.runtime.describe()}")

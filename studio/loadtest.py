@@ -108,7 +108,7 @@ class Target:
     base_path: str
 
     @classmethod
-    def parse(cls, url: str) -> "Target":
+    def parse(cls, url: str) -> Target:
         s = urlsplit(url)
         return cls(s.hostname or "127.0.0.1", s.port or (443 if s.scheme == "https" else 80), s.scheme == "https",
                    s.path.rstrip("/"))
@@ -615,18 +615,19 @@ def format_level(level: dict[str, Any]) -> str:
 
 
 TABLE_COLUMNS = ("clients", "requests", "ok", "errors", "first chunk p50 / p95 / p99 (s)",
-                 "stream speed min / p50 (x real time)", "audio s/s", "server RSS peak (MB)")
+                 "stream speed min / p50 (x real time)", "audio s/s (vs 1 client)", "server RSS peak (MB)")
 
 
 def table_rows(report: dict[str, Any]) -> list[list[str]]:
     rows = []
+    base = next((lv["audio_s_per_s"] for lv in report["levels"] if lv["clients"] == 1), 0.0)
     for lv in report["levels"]:
         fc, sp, mem = lv["first_chunk_s"] or {}, lv["stream_speed"] or {}, lv["server_memory"]
         errors = ", ".join(f"{k}: {v}" for k, v in lv["errors"].items()) or "0"
         rows.append([str(lv["clients"]), str(lv["requests"]), str(lv["completed"]), errors,
                      " / ".join(_fmt(fc.get(p), ".2f") for p in ("p50", "p95", "p99")),
                      " / ".join(_fmt(sp.get(p), ".2f") for p in ("min", "p50")),
-                     f"{lv['audio_s_per_s']:.2f}",
+                     f"{lv['audio_s_per_s']:.2f}" + (f" ({lv['audio_s_per_s'] / base:.2f}x)" if base else ""),
                      f"{mem['rss_mb']['peak']:.0f}" if isinstance(mem, dict) else "n/a"])
     return rows
 
@@ -636,10 +637,11 @@ def format_table(report: dict[str, Any], markdown: bool = False) -> str:
     rows = table_rows(report)
     if markdown:
         lines = ["| " + " | ".join(TABLE_COLUMNS) + " |", "|" + "|".join("---" for _ in TABLE_COLUMNS) + "|"]
-        return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
-    widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(TABLE_COLUMNS)]
-    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
-    lines = [fmt.format(*TABLE_COLUMNS)] + [fmt.format(*r) for r in rows]
+        lines += ["| " + " | ".join(r) + " |" for r in rows]
+    else:
+        widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(TABLE_COLUMNS)]
+        fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+        lines = [fmt.format(*TABLE_COLUMNS).rstrip()] + [fmt.format(*r).rstrip() for r in rows]
     note = report.get("server_memory_source", "")
     if note.startswith("n/a"):
         lines.append(f"server memory {note}")
@@ -650,16 +652,14 @@ def draw_png(report: dict[str, Any], path: str) -> str:
     """First-chunk latency and total throughput against clients, as a PNG (needs matplotlib: the
     ``plot`` extra). Returns what was done, for the user."""
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        from matplotlib.figure import Figure  # the object API: no pyplot, no global backend switch
     except ImportError:
         return (f"no PNG written to {path}: drawing needs matplotlib (pip install 'sovits-studio[plot]'); "
                 f"the JSON and the table hold the same figures")
     levels = [lv for lv in report["levels"] if lv["first_chunk_s"]]
     clients = [lv["clients"] for lv in report["levels"]]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4), dpi=100)
+    fig = Figure(figsize=(10, 4), dpi=100)
+    ax1, ax2 = fig.subplots(1, 2)
     for key, style in (("p50", "o-"), ("p95", "s--"), ("p99", "^:")):
         ax1.plot([lv["clients"] for lv in levels], [lv["first_chunk_s"][key] for lv in levels], style, label=key)
     ax1.set(xlabel="concurrent clients", ylabel="first chunk (s)", title="First-chunk latency")
@@ -675,5 +675,4 @@ def draw_png(report: dict[str, Any], path: str) -> str:
     fig.suptitle(f"{report['endpoint']} at {report['url']} ({report['mode']})", fontsize=9)
     fig.tight_layout()
     fig.savefig(path)
-    plt.close(fig)
     return f"wrote {path}"

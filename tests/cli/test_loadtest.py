@@ -10,9 +10,7 @@ import threading
 import time
 import wave
 from collections import Counter
-from collections.abc import Callable
 from contextlib import contextmanager
-from pathlib import Path
 
 import pytest
 
@@ -33,9 +31,6 @@ def wav_header(rate: int = RATE, frames: int = 0) -> bytes:
 
 
 # ---- a scripted HTTP server ------------------------------------------------------------------
-
-
-Handler = Callable[[str, bytes], "asyncio.Future"]
 
 
 @contextmanager
