@@ -615,7 +615,8 @@ def format_level(level: dict[str, Any]) -> str:
 
 
 TABLE_COLUMNS = ("clients", "requests", "ok", "errors", "first chunk p50 / p95 / p99 (s)",
-                 "stream speed min / p50 (x real time)", "audio s/s (vs 1 client)", "server RSS peak (MB)")
+                 "stream speed min / p50 (x real time)", "audio s/s (vs 1 client)", "server RSS peak (MB)",
+                 "client host load (1 min)")
 
 
 def table_rows(report: dict[str, Any]) -> list[list[str]]:
@@ -628,7 +629,8 @@ def table_rows(report: dict[str, Any]) -> list[list[str]]:
                      " / ".join(_fmt(fc.get(p), ".2f") for p in ("p50", "p95", "p99")),
                      " / ".join(_fmt(sp.get(p), ".2f") for p in ("min", "p50")),
                      f"{lv['audio_s_per_s']:.2f}" + (f" ({lv['audio_s_per_s'] / base:.2f}x)" if base else ""),
-                     f"{mem['rss_mb']['peak']:.0f}" if isinstance(mem, dict) else "n/a"])
+                     f"{mem['rss_mb']['peak']:.0f}" if isinstance(mem, dict) else "n/a",
+                     _fmt(lv.get("client_host_load_1m"), ".1f")])
     return rows
 
 
@@ -668,8 +670,9 @@ def draw_png(report: dict[str, Any], path: str) -> str:
     ax2.plot(clients, clients, color="grey", lw=0.8, ls=":", label="every client at real time")
     ax2.set(xlabel="concurrent clients", ylabel="audio seconds per second", title="Total throughput")
     ax2.legend()
-    for ax in (ax1, ax2):
+    for ax in (ax1, ax2):  # log-log: latencies and rates span decades between 1 and many clients
         ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
         ax.set_xticks(clients, [str(c) for c in clients])
         ax.grid(alpha=0.3)
     fig.suptitle(f"{report['endpoint']} at {report['url']} ({report['mode']})", fontsize=9)
