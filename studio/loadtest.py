@@ -93,7 +93,11 @@ class LoadConfig:
         if self.warmup < 0:
             raise LoadTestError(f"warmup: must be >= 0, got {self.warmup!r}")
         split = urlsplit(self.url)
-        if split.scheme not in ("http", "https") or not split.hostname:
+        try:
+            split.port  # noqa: B018 - raises on a port that is not a number in range
+        except ValueError:
+            split = None
+        if split is None or split.scheme not in ("http", "https") or not split.hostname:
             raise LoadTestError(f"url: {self.url!r} is not an http(s)://HOST[:PORT] address")
 
 
@@ -166,7 +170,7 @@ async def exchange(target: Target, request: Request, on_status: Callable[[int], 
             return status
         if "chunked" in headers.get("transfer-encoding", "").lower():
             await _read_chunked(reader, on_body)
-        elif "content-length" in headers:
+        elif headers.get("content-length", "").isdigit():
             await _read_exactly(reader, int(headers["content-length"]), on_body)
         else:
             while piece := await reader.read(_READ):
@@ -479,6 +483,12 @@ class MemoryProbe:
         if status == 200:
             self._record(parse_metrics(body.decode("utf-8", "replace")))
 
+    async def watch(self, interval_s: float) -> None:
+        """Sample every ``interval_s`` seconds until cancelled."""
+        while True:
+            await self.sample()
+            await asyncio.sleep(interval_s)
+
     def reset(self) -> None:
         self.rss, self.device = [], []
 
@@ -498,6 +508,39 @@ class MemoryProbe:
 # ---- one level of load ---------------------------------------------------------------------
 
 
+async def _closed_loop(cfg: LoadConfig, target: Target, request: Request, clients: int, deadline: float,
+                       records: list[StreamRecord]) -> None:
+    """Each client sends its next request when its last one ends, until the deadline or the budget."""
+    budget = cfg.requests if cfg.requests is not None else math.inf
+    sent = 0
+
+    async def client() -> None:
+        nonlocal sent
+        while time.perf_counter() < deadline and sent < budget:
+            sent += 1
+            records.append(await timed_stream(target, request, time.perf_counter(), cfg.timeout_s))
+
+    await asyncio.gather(*(client() for _ in range(clients)))
+
+
+async def _fixed_rate(cfg: LoadConfig, target: Target, request: Request, clients: int, rate: float,
+                      start: float, deadline: float, records: list[StreamRecord]) -> None:
+    """Arrivals every 1/rate s from ``start``; at most ``clients`` in flight, the others wait (their
+    clocks run from their arrival)."""
+    budget = cfg.requests if cfg.requests is not None else math.inf
+    slots = asyncio.Semaphore(clients)
+
+    async def arrival(due: float) -> None:
+        async with slots:
+            records.append(await timed_stream(target, request, due, cfg.timeout_s))
+
+    tasks = []
+    while len(tasks) < budget and (due := start + len(tasks) / rate) < deadline:
+        await asyncio.sleep(max(0.0, due - time.perf_counter()))
+        tasks.append(asyncio.create_task(arrival(due)))
+    await asyncio.gather(*tasks)
+
+
 async def run_level(cfg: LoadConfig, target: Target, request: Request, clients: int,
                     memory: MemoryProbe) -> dict[str, Any]:
     """``clients`` concurrent clients (closed loop) or arrivals at ``cfg.rate`` with at most
@@ -505,51 +548,17 @@ async def run_level(cfg: LoadConfig, target: Target, request: Request, clients: 
     records: list[StreamRecord] = []
     start = time.perf_counter()
     deadline = start + cfg.duration_s if cfg.duration_s is not None else math.inf
-    budget = cfg.requests if cfg.requests is not None else math.inf
     cpu0 = time.process_time()
     memory.reset()
-    stop = asyncio.Event()
-
-    async def watch_memory() -> None:
-        while True:
-            await memory.sample()
-            try:
-                await asyncio.wait_for(stop.wait(), cfg.memory_interval_s)
-                return
-            except asyncio.TimeoutError:
-                pass
-
-    watcher = asyncio.create_task(watch_memory()) if memory.available else None
-    sent = 0
-
+    watcher = asyncio.create_task(memory.watch(cfg.memory_interval_s)) if memory.available else None
     if cfg.rate is None:
-        async def client() -> None:
-            nonlocal sent
-            while time.perf_counter() < deadline and sent < budget:
-                sent += 1
-                records.append(await timed_stream(target, request, time.perf_counter(), cfg.timeout_s))
-
-        await asyncio.gather(*(client() for _ in range(clients)))
+        await _closed_loop(cfg, target, request, clients, deadline, records)
     else:
-        slots = asyncio.Semaphore(clients)
-
-        async def arrival(due: float) -> None:
-            async with slots:
-                records.append(await timed_stream(target, request, due, cfg.timeout_s))
-
-        tasks = []
-        while sent < budget:
-            due = start + sent / cfg.rate
-            if due >= deadline:
-                break
-            await asyncio.sleep(max(0.0, due - time.perf_counter()))
-            tasks.append(asyncio.create_task(arrival(due)))
-            sent += 1
-        await asyncio.gather(*tasks)
+        await _fixed_rate(cfg, target, request, clients, cfg.rate, start, deadline, records)
     wall = time.perf_counter() - start
-    stop.set()
     if watcher is not None:
-        await watcher
+        watcher.cancel()
+        await asyncio.gather(watcher, return_exceptions=True)
         await memory.sample()
     level = {"clients": clients, **summarize((r.sample() for r in records), wall),
              "client_cpu_s": round(time.process_time() - cpu0, 3),  # this process: did the client keep up?

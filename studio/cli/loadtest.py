@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds per level in which requests start (default 30 unless --requests is given)")
     parser.add_argument("--requests", type=int, default=None, metavar="N", help="at most N requests per level")
     parser.add_argument("--timeout", type=float, default=300.0, metavar="S",
-                        help="longest a request may take, first byte to last (default 300)")
+                        help="longest a request may take, from when it is due to its last byte (default 300)")
     parser.add_argument("--warmup", type=int, default=1, metavar="N",
                         help="requests sent one by one before measuring, not counted (default 1)")
     work = parser.add_argument_group("workload (default: the bench's medium Chinese text and a built-in clip)")
@@ -53,10 +53,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ref.add_argument("--ref", default=None, metavar="CLIP", help="reference clip uploaded with each request")
     ref.add_argument("--ref-path", default=None, metavar="PATH",
                      help="a ref_audio_path on the server (inside its --reference-dir) instead of an upload")
-    work.add_argument("--prompt-text", default=None, help="the reference's transcript")
+    work.add_argument("--prompt-text", default=None, help="the reference's transcript (default: the built-in clip's)")
     work.add_argument("--prompt-lang", default="zh")
     work.add_argument("--voice", default=None,
-                      help="saved voice for --endpoint speech (default: save the reference as 'loadtest')")
+                      help="saved voice for --endpoint speech (default: save the reference as a voice for "
+                           "this run, deleted after it)")
     work.add_argument("--seed", type=int, default=1)
     work.add_argument("--field", type=_field, action="append", default=[], metavar="NAME=VALUE",
                       help="another request field (repeatable), e.g. --field top_k=5 --field parallel_infer=false")
@@ -69,16 +70,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from studio.loadtest import REF_TEXT, TEXT, LoadConfig, draw_png, format_table, run_load
+    from studio.loadtest import REF_TEXT, TEXT, LoadConfig, LoadTestError, draw_png, format_table, run_load
+
+    def read(path: str, flag: str) -> bytes:
+        try:
+            return Path(path).read_bytes()
+        except OSError as e:
+            raise LoadTestError(f"{flag}: cannot read {path} ({e.strerror or e})") from None
 
     text = args.text or TEXT
-    if text.startswith("@"):
-        text = Path(text[1:]).read_text(encoding="utf-8")
+    text = read(text[1:], "--text").decode("utf-8") if text.startswith("@") else text
+    ref_audio = read(args.ref, "--ref") if args.ref else None
     duration = args.duration if args.duration is not None or args.requests is not None else 30.0
     cfg = LoadConfig(url=args.url, endpoint=args.endpoint, clients=args.clients, rate=args.rate,
                      duration_s=duration, requests=args.requests, timeout_s=args.timeout, warmup=args.warmup,
                      text=text, text_lang=args.text_lang, streaming_mode=args.streaming_mode,
-                     ref_audio=Path(args.ref).read_bytes() if args.ref else None, ref_path=args.ref_path,
+                     ref_audio=ref_audio, ref_path=args.ref_path,
                      prompt_text=args.prompt_text if args.prompt_text is not None else REF_TEXT,
                      prompt_lang=args.prompt_lang, voice=args.voice, seed=args.seed, fields=tuple(args.field))
     report = run_load(cfg, log=lambda s: print(s, file=sys.stderr, flush=True))

@@ -210,8 +210,9 @@ def test_settings_that_would_not_end_or_make_no_sense_are_refused() -> None:
         LoadConfig(duration_s=None, requests=None)
     with pytest.raises(LoadTestError, match="clients"):
         LoadConfig(clients=(0,))
-    with pytest.raises(LoadTestError, match="url"):
-        LoadConfig(url="ftp://x")
+    for url in ("ftp://x", "http://127.0.0.1:port", "127.0.0.1:9880"):
+        with pytest.raises(LoadTestError, match="url"):
+            LoadConfig(url=url)
     with pytest.raises(LoadTestError, match="does not answer"):
         run_load(LoadConfig(url="http://127.0.0.1:9", requests=1, warmup=0))
 
