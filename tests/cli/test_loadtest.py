@@ -271,3 +271,14 @@ def test_ci_size_openai_speech_load(tiny_server, capsys) -> None:
     import httpx
 
     assert httpx.get(f"{tiny_server}/v1/voices").json() == {"voices": []}  # the run's own voice is deleted
+
+
+def test_the_default_workload_is_the_bench_s() -> None:
+    from engine.benchmark import REF_TEXT, TEXTS
+    from studio import loadtest
+
+    assert loadtest.TEXT == TEXTS["medium"] and loadtest.REF_TEXT == REF_TEXT
+    clip = loadtest.synthetic_reference()
+    meter = WavMeter()
+    meter.feed(clip)
+    assert 3.0 <= meter.audio_s <= 10.0  # the length a reference must have
