@@ -331,7 +331,8 @@ def describe(b: Bench, setup_s: float) -> dict[str, Any]:
     return {
         "workload": asdict(b.cfg), "version": b.models.version, "device": str(dev),
         "precision": b.studio.runtime.describe(), "torch": torch.__version__, "python": platform.python_version(),
-        "machine": torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or platform.machine(),
+        "machine": (torch.cuda.get_device_name(dev) if dev.type == "cuda"
+                    else platform.processor() or platform.machine()),
         "cpu_threads": torch.get_num_threads(), "weights_setup_s": round(setup_s, 2), "stages": {},
     }
 
@@ -352,7 +353,8 @@ def format_report(report: dict[str, Any]) -> str:
              f"  reference features (SSL...):         {s['ssl_reference']['median_s'] * 1000:.1f} ms",
              f"  T2S batch 1 [{s['t2s_batch1']['decoder']}]: {s['t2s_batch1']['tokens_per_s']} tokens/s"]
     if "acoustic" in s:
-        lines.append(f"  {s['acoustic']['stage']}: {s['acoustic']['median_s'] * 1000:.1f} ms (RTF {s['acoustic']['rtf']})")
+        a = s["acoustic"]
+        lines.append(f"  {a['stage']}: {a['median_s'] * 1000:.1f} ms (RTF {a['rtf']})")
     for n, r in s["t2s_batch_throughput"].items():
         lines.append(f"  T2S batch {n}: {r['tokens_per_s']} tokens/s total")
     for label, r in s["end_to_end"].items():
