@@ -167,7 +167,7 @@ def test_refusals_and_timeouts_are_counted_by_kind_with_their_message() -> None:
         t0 = time.perf_counter()
         stalled = run_load(LoadConfig(url=url, clients=(1,), requests=1, duration_s=None, warmup=0,
                                       timeout_s=0.5))
-        assert time.perf_counter() - t0 < 5
+        assert time.perf_counter() - t0 < 10  # bounded by the 0.5 s timeout, not the 30 s stall
     level = busy["levels"][0]
     assert level["errors"] == {"503": 4} and level["completed"] == 0 and level["first_chunk_s"] is None
     assert "busy" in level["error_messages"]["503"]
