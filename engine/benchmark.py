@@ -6,12 +6,14 @@ Workload (``run_benchmark``):
   :func:`engine.testweights.make_test_weights` (official dims unless ``tiny``);
 * reference: a given clip, or a generated 5 s voiced-like signal at 32 kHz with the transcript
   ``REF_TEXT`` (Mandarin);
-* stages, each warmed up once then timed ``repeats`` times (median): the text frontend (phones +
-  BERT), the reference features (HuBERT prompt tokens, spectrogram, SV embedding), T2S at batch 1
-  over exactly ``tokens`` tokens (EOS disabled) with the decoder the engine uses on that device,
-  the acoustic stage (SoVITS decode, or CFM + vocoder for v3/v4) on those tokens, T2S batch
-  throughput, end-to-end real-time factor for a short, a medium and a long text, and the
-  first-chunk latency of a streaming request;
+* stages (:data:`STAGES`, in order), each warmed up once then timed ``repeats`` times (median):
+  the text frontend (phones + BERT), the reference features (HuBERT prompt tokens, spectrogram,
+  SV embedding), T2S at batch 1 over exactly ``tokens`` tokens (EOS disabled) with the decoder the
+  engine uses on that device, the acoustic stage (SoVITS decode, or CFM + vocoder for v3/v4) on
+  those tokens, T2S batch throughput, end-to-end real-time factor for a short, a medium and a long
+  text, the first-chunk latency of a streaming request, and N concurrent streams through one
+  ``Studio`` (first-chunk percentiles, each stream's speed against real time, total audio seconds
+  per second: the figures ``sovits-studio loadtest`` reports over HTTP);
 * memory: peak process RSS and peak device memory.
 
 Random weights never learned to stop, so end-to-end runs cap each sentence at ``tokens`` tokens.
@@ -23,6 +25,7 @@ import platform
 import resource
 import statistics
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -52,11 +55,35 @@ class BenchConfig:
     tokens: int = 500  # T2S tokens per timed decode (EOS disabled)
     repeats: int = 3
     batches: tuple[int, ...] = (8, 32, 64)
+    streams: tuple[int, ...] = (1, 2, 4, 8)  # concurrent in-process streams, one level each
     reference: str | None = None
     reference_text: str = REF_TEXT
     reference_lang: str = "zh"
     text_lang: str = "zh"
     t2s_decoder: str = "auto"  # EngineSettings.t2s_decoder (int8: the opt-in CPU path)
+
+
+@dataclass
+class Bench:
+    """What the stages share: the workload, the loaded models and the fixed T2S inputs."""
+
+    cfg: BenchConfig
+    studio: Any  # engine.pipeline.Studio
+    models: Any  # its default model set
+    reference: Any  # engine.pipeline.Reference
+    clip: Any  # the reference clip as read
+    item: Any  # T2SInput: 60 random phones with BERT features
+    prompt: torch.Tensor  # 125 random prompt tokens
+    decoder_name: str
+    decode: Callable[[], Any]  # one fixed-length T2S decode at batch 1
+    decode_batch: Callable[[list], Any]  # the same for a batch of items
+
+    @property
+    def device(self) -> torch.device:
+        return self.models.device
+
+    def measure(self, fn: Callable[[], Any], repeats: int | None = None) -> dict[str, float]:
+        return _measure(fn, self.device, self.cfg.repeats if repeats is None else repeats)
 
 
 def _sync(device: torch.device) -> None:
@@ -104,148 +131,236 @@ def t2s_decoder_for(models) -> tuple[str, Any]:
     return ("T2SDecoder, int8 linears" if quantized else "T2SDecoder"), None
 
 
-def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
-    from engine.options import EngineSettings, SynthesisOptions
+# ---- set-up --------------------------------------------------------------------------------
+
+
+def load_bench(cfg: BenchConfig, work: Path) -> tuple[Bench, float]:
+    """Weights (written into ``work`` unless ``cfg.config``), the Studio and the fixed inputs; and the
+    seconds spent writing random weights."""
+    from engine.options import EngineSettings
     from engine.pipeline import Reference, Studio
-    from engine.reference import read_reference, reference_features
+    from engine.reference import read_reference
     from engine.t2s.decoding import SamplingParams, StopRules, T2SDecoder, T2SInput
     from engine.testweights import make_test_weights
+
+    t0 = time.perf_counter()
+    config = cfg.config or str(make_test_weights(work, cfg.version, full_size=not cfg.tiny))
+    setup_s = time.perf_counter() - t0
+    studio = Studio.from_config(config, device=cfg.device, precision=cfg.precision,
+                                settings=EngineSettings(t2s_decoder=cfg.t2s_decoder))
+    models = studio.pool.models(studio.default_weights, studio.runtime)
+    ref_path = cfg.reference or str(synthetic_reference(work / "ref.wav"))
+    g = torch.Generator().manual_seed(0)
+    width = models.t2s.bert_proj.in_features
+    # phone ids valid for both models (the v1 GPT has 512 rows, the v1 SoVITS 322 symbols)
+    n_phones = min(models.t2s.dims.phoneme_vocab_size, getattr(getattr(models.sovits, "dims", None), "n_symbols", 322))
+    item = T2SInput(torch.randint(1, n_phones, (60,), generator=g), torch.randn(width, 60, generator=g))
+    prompt = torch.randint(0, 1024, (125,), generator=g)
+    rules = StopRules(early_stop_num=cfg.tokens - 1, min_steps=10**9)
+    params = SamplingParams()
+    name, fast = t2s_decoder_for(models)
+    decoder = (lambda: fast) if fast else (lambda: T2SDecoder(models.t2s))  # the loop keeps per-call state
+    bench = Bench(cfg, studio, models, Reference(ref_path, cfg.reference_text, cfg.reference_lang),
+                  read_reference(ref_path), item, prompt, name,
+                  decode=lambda: decoder().decode_naive(item, prompt, params, rules),
+                  decode_batch=lambda items: decoder().decode_batch(items, prompt, params, rules))
+    return bench, setup_s
+
+
+# ---- stages --------------------------------------------------------------------------------
+
+
+def bench_frontend(b: Bench) -> dict[str, Any]:
+    """Phones + BERT features of the medium text."""
     from engine.text.frontend import TextFrontend
 
-    work = tempfile.TemporaryDirectory(prefix="sovits-bench-")
-    try:
+    version = b.models.version if b.models.version in ("v1", "v2") else "v2"
+    frontend = TextFrontend(version, bert=b.models.bert)
+    return b.measure(lambda: frontend.phones_and_bert(TEXTS["medium"], b.cfg.text_lang))
+
+
+def bench_reference(b: Bench) -> dict[str, Any]:
+    """Reference features: prompt tokens, spectrogram and SV embedding (prompt tokens for v3/v4)."""
+    from engine.reference import prompt_semantic, reference_features
+
+    m = b.models
+    if m.uses_vocoder:
+        return b.measure(lambda: prompt_semantic(b.clip, m.ssl, m.sovits, m.sovits_sample_rate))
+    return b.measure(lambda: reference_features(b.clip, m.sovits, m.ssl, m.sv, sovits_sample_rate=m.sovits_sample_rate))
+
+
+def bench_t2s_batch1(b: Bench) -> dict[str, Any]:
+    """T2S at batch 1 over exactly ``tokens`` tokens."""
+    t = b.measure(b.decode)
+    return {**t, "tokens_per_s": round(b.cfg.tokens / t["median_s"], 1), "decoder": b.decoder_name}
+
+
+def bench_acoustic(b: Bench) -> dict[str, Any] | None:
+    """SoVITS decode of the batch-1 tokens (skipped for v3/v4, whose CFM + vocoder run end to end)."""
+    from engine.reference import reference_features
+
+    m = b.models
+    if m.uses_vocoder:
+        return None
+    tokens = b.decode().tokens.to(b.device)
+    feats = reference_features(b.clip, m.sovits, m.ssl, m.sv, sovits_sample_rate=m.sovits_sample_rate)
+    dtype = next(m.sovits.parameters()).dtype
+    spec = feats.spec.to(b.device, dtype)
+    sv = [feats.sv_embedding.to(b.device, dtype)] if feats.sv_embedding is not None else None
+    phones = b.item.phones.to(b.device).unsqueeze(0)
+    with torch.inference_mode():
+        a = b.measure(lambda: m.sovits.decode(tokens.view(1, 1, -1), phones, [spec], sv_emb=sv))
+    return {**a, "stage": "SoVITS decode", "rtf": round(a["median_s"] / (len(tokens) * 0.04), 4)}
+
+
+def bench_t2s_batches(b: Bench) -> dict[str, Any]:
+    """T2S tokens/s over all rows at each batch size (one timed run each)."""
+    out = {}
+    for n in b.cfg.batches:
+        r = b.measure(lambda n=n: b.decode_batch([b.item] * n), repeats=1)
+        out[str(n)] = {"tokens_per_s": round(n * b.cfg.tokens / r["median_s"], 1), **r}
+    return out
+
+
+def _options(b: Bench):
+    from engine.options import SynthesisOptions
+
+    return SynthesisOptions(seed=1, early_stop_num=b.cfg.tokens, text_split_method="cut5")
+
+
+def bench_end_to_end(b: Bench) -> dict[str, Any]:
+    """Whole-file synthesis of the short, medium and long texts: wall time and real-time factor."""
+    opts = _options(b)
+
+    def timed(text: str) -> dict[str, Any]:
+        seconds: list[float] = []
+
+        def once() -> None:
+            results = list(b.studio.synthesize(text, b.cfg.text_lang, b.reference, opts))
+            seconds.append(sum(len(r.audio) for r in results) / results[0].sample_rate)
+
+        r = b.measure(once)
+        return {**r, "audio_s": round(seconds[-1], 2), "rtf": round(r["median_s"] / seconds[-1], 4)}
+
+    return {label: timed(text) for label, text in TEXTS.items()}
+
+
+def _stream_options(b: Bench):
+    return _options(b).replace(streaming_mode=True, parallel_infer=False)
+
+
+def bench_first_chunk(b: Bench) -> dict[str, Any]:
+    """Time to the first streamed chunk of the medium text (one stream alone)."""
+    opts = _stream_options(b)
+
+    def first_chunk() -> None:
+        it = b.studio.synthesize(TEXTS["medium"], b.cfg.text_lang, b.reference, opts)
+        next(it)
+        it.close()
+
+    return b.measure(first_chunk)
+
+
+def bench_concurrent_streams(b: Bench) -> dict[str, Any]:
+    """For each N in ``streams``: N threads each stream the medium text through the one Studio at
+    once (as N HTTP clients would); first-chunk percentiles, each stream's audio s per wall s, total
+    audio s per s (:func:`engine.stream_stats.summarize`)."""
+    return {str(n): _concurrent_streams(b, n) for n in b.cfg.streams}
+
+
+def _concurrent_streams(b: Bench, n: int) -> dict[str, Any]:
+    from engine.stream_stats import StreamSample, summarize
+
+    opts = _stream_options(b)
+    samples: list[StreamSample] = []
+    gate = threading.Barrier(n + 1)  # every stream starts together
+
+    def stream() -> None:
+        gate.wait()
         t0 = time.perf_counter()
-        config = cfg.config or str(make_test_weights(work.name, cfg.version, full_size=not cfg.tiny))
-        setup_s = time.perf_counter() - t0
-        studio = Studio.from_config(config, device=cfg.device, precision=cfg.precision,
-                                    settings=EngineSettings(t2s_decoder=cfg.t2s_decoder))
-        models = studio.pool.models(studio.default_weights, studio.runtime)
-        dev = models.device
-        log(f"models loaded on {studio.runtime.describe()}")
-        ref_path = cfg.reference or str(synthetic_reference(Path(work.name) / "ref.wav"))
-        reference = Reference(ref_path, cfg.reference_text, cfg.reference_lang)
-        report: dict[str, Any] = {
-            "workload": asdict(cfg), "version": models.version, "device": str(dev),
-            "precision": studio.runtime.describe(), "torch": torch.__version__, "python": platform.python_version(),
-            "machine": torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or platform.machine(),
-            "cpu_threads": torch.get_num_threads(), "weights_setup_s": round(setup_s, 2), "stages": {},
-        }
-        stages = report["stages"]
+        first, audio, error = None, 0.0, None
+        try:
+            for r in b.studio.synthesize(TEXTS["medium"], b.cfg.text_lang, b.reference, opts):
+                first = time.perf_counter() - t0 if first is None else first
+                audio += len(r.audio) / r.sample_rate
+        except Exception as e:  # noqa: BLE001 - a failing stream is a result here: count it by type
+            error = type(e).__name__
+        samples.append(StreamSample(first, time.perf_counter() - t0, audio, error))
 
-        # ---- frontend -------------------------------------------------------------------------------
-        frontend = TextFrontend(models.version if models.version in ("v1", "v2") else "v2", bert=models.bert)
-        stages["frontend"] = _measure(lambda: frontend.phones_and_bert(TEXTS["medium"], cfg.text_lang), dev, cfg.repeats)
-        log(f"frontend {stages['frontend']}")
+    threads = [threading.Thread(target=stream, name=f"bench-stream-{i}", daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    gate.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    return summarize(samples, time.perf_counter() - t0)
 
-        # ---- reference features (SSL) ----------------------------------------------------------------
-        clip = read_reference(ref_path)
-        if not models.uses_vocoder:
-            stages["ssl_reference"] = _measure(
-                lambda: reference_features(clip, models.sovits, models.ssl, models.sv,
-                                           sovits_sample_rate=models.sovits_sample_rate), dev, cfg.repeats)
-        else:
-            from engine.reference import prompt_semantic
 
-            stages["ssl_reference"] = _measure(lambda: prompt_semantic(clip, models.ssl, models.sovits,
-                                                                       models.sovits_sample_rate), dev, cfg.repeats)
-        log(f"ssl {stages['ssl_reference']}")
+# stage name -> function; a function returning None skips its stage for these models
+STAGES: tuple[tuple[str, Callable[[Bench], dict[str, Any] | None]], ...] = (
+    ("frontend", bench_frontend),
+    ("ssl_reference", bench_reference),
+    ("t2s_batch1", bench_t2s_batch1),
+    ("acoustic", bench_acoustic),
+    ("t2s_batch_throughput", bench_t2s_batches),
+    ("end_to_end", bench_end_to_end),
+    ("first_chunk_latency", bench_first_chunk),
+    ("concurrent_streams", bench_concurrent_streams),
+)
 
-        # ---- T2S at batch 1, fixed length -----------------------------------------------------------------
-        g = torch.Generator().manual_seed(0)
-        width = models.t2s.bert_proj.in_features
-        # phone ids valid for both models (the v1 GPT has 512 rows, the v1 SoVITS 322 symbols)
-        n_phones = min(models.t2s.dims.phoneme_vocab_size, getattr(getattr(models.sovits, "dims", None), "n_symbols", 322))
-        item = T2SInput(torch.randint(1, n_phones, (60,), generator=g),
-                        torch.randn(width, 60, generator=g))
-        prompt = torch.randint(0, 1024, (125,), generator=g)
-        rules = StopRules(early_stop_num=cfg.tokens - 1, min_steps=10**9)
-        params = SamplingParams()
-        name, fast = t2s_decoder_for(models)
-        decode = (lambda: fast.decode_naive(item, prompt, params, rules)) if fast else \
-                 (lambda: T2SDecoder(models.t2s).decode_naive(item, prompt, params, rules))
-        t = _measure(decode, dev, cfg.repeats)
-        t["tokens_per_s"] = round(cfg.tokens / t["median_s"], 1)
-        t["decoder"] = name
-        stages["t2s_batch1"] = t
-        log(f"t2s {t}")
 
-        # ---- acoustic stage on those tokens -----------------------------------------------------------------
-        tokens = decode().tokens.to(dev)
-        audio_seconds = len(tokens) * 0.04
-        if not models.uses_vocoder:
-            feats = reference_features(clip, models.sovits, models.ssl, models.sv, sovits_sample_rate=models.sovits_sample_rate)
-            dtype = next(models.sovits.parameters()).dtype
-            spec = feats.spec.to(dev, dtype)
-            sv = [feats.sv_embedding.to(dev, dtype)] if feats.sv_embedding is not None else None
-            phones = item.phones.to(dev).unsqueeze(0)
-            with torch.inference_mode():
-                a = _measure(lambda: models.sovits.decode(tokens.view(1, 1, -1), phones, [spec], sv_emb=sv), dev,
-                             cfg.repeats)
-            a["stage"] = "SoVITS decode"
-            a["rtf"] = round(a["median_s"] / audio_seconds, 4)
-            stages["acoustic"] = a
-            log(f"acoustic {a}")
-
-        # ---- T2S batch throughput ---------------------------------------------------------------------------
-        throughput = {}
-        for b in cfg.batches:
-            items = [item] * b
-            if fast:
-                fn = lambda: fast.decode_batch(items, prompt, params, rules)  # noqa: E731
-            else:
-                fn = lambda: T2SDecoder(models.t2s).decode_batch(items, prompt, params, rules)  # noqa: E731
-            r = _measure(fn, dev, 1)
-            throughput[str(b)] = {"tokens_per_s": round(b * cfg.tokens / r["median_s"], 1), **r}
-        stages["t2s_batch_throughput"] = throughput
-        log(f"batches {throughput}")
-
-        # ---- end to end ------------------------------------------------------------------------------
-        e2e = {}
-        opts = SynthesisOptions(seed=1, early_stop_num=cfg.tokens, text_split_method="cut5")
-        for label, text in TEXTS.items():
-            def once(text=text):
-                results = list(studio.synthesize(text, cfg.text_lang, reference, opts))
-                return sum(len(r.audio) for r in results) / results[0].sample_rate
-            holder: dict[str, float] = {}
-            r = _measure(lambda: holder.__setitem__("seconds", once()), dev, cfg.repeats)
-            r["audio_s"] = round(holder["seconds"], 2)
-            r["rtf"] = round(r["median_s"] / holder["seconds"], 4)
-            e2e[label] = r
-            log(f"e2e {label} {r}")
-        stages["end_to_end"] = e2e
-
-        # ---- first streamed chunk ----------------------------------------------------------------------
-        stream_opts = opts.replace(streaming_mode=True, parallel_infer=False)
-
-        def first_chunk() -> None:
-            it = studio.synthesize(TEXTS["medium"], cfg.text_lang, reference, stream_opts)
-            next(it)
-            it.close()
-
-        stages["first_chunk_latency"] = _measure(first_chunk, dev, cfg.repeats)
-        log(f"first chunk {stages['first_chunk_latency']}")
-
-        report["memory"] = {"peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
-        if dev.type == "cuda":
-            report["memory"]["peak_device_mb"] = round(torch.cuda.max_memory_allocated(dev) / 2**20, 1)
+def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+    """Run every stage of :data:`STAGES` on ``cfg``'s workload; the report (JSON-ready)."""
+    with tempfile.TemporaryDirectory(prefix="sovits-bench-") as work:
+        b, setup_s = load_bench(cfg, Path(work))
+        log(f"models loaded on {b.studio.runtime.describe()}")
+        report = describe(b, setup_s)
+        for name, stage in STAGES:
+            result = stage(b)
+            if result is not None:
+                report["stages"][name] = result
+                log(f"{name} {result}")
+        report["memory"] = peak_memory(b.device)
         return report
-    finally:
-        work.cleanup()
+
+
+def describe(b: Bench, setup_s: float) -> dict[str, Any]:
+    """The report's header: workload, machine, versions."""
+    dev = b.device
+    return {
+        "workload": asdict(b.cfg), "version": b.models.version, "device": str(dev),
+        "precision": b.studio.runtime.describe(), "torch": torch.__version__, "python": platform.python_version(),
+        "machine": (torch.cuda.get_device_name(dev) if dev.type == "cuda"
+                    else platform.processor() or platform.machine()),
+        "cpu_threads": torch.get_num_threads(), "weights_setup_s": round(setup_s, 2), "stages": {},
+    }
+
+
+def peak_memory(device: torch.device) -> dict[str, float]:
+    out = {"peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+    if device.type == "cuda":
+        out["peak_device_mb"] = round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
+    return out
 
 
 def format_report(report: dict[str, Any]) -> str:
+    from engine.stream_stats import format_summary
+
     s = report["stages"]
     lines = [f"{report['version']} on {report['machine']} ({report['precision']}), torch {report['torch']}",
              f"  frontend (phones+BERT, medium text): {s['frontend']['median_s'] * 1000:.1f} ms",
              f"  reference features (SSL...):         {s['ssl_reference']['median_s'] * 1000:.1f} ms",
              f"  T2S batch 1 [{s['t2s_batch1']['decoder']}]: {s['t2s_batch1']['tokens_per_s']} tokens/s"]
     if "acoustic" in s:
-        lines.append(f"  {s['acoustic']['stage']}: {s['acoustic']['median_s'] * 1000:.1f} ms (RTF {s['acoustic']['rtf']})")
-    for b, r in s["t2s_batch_throughput"].items():
-        lines.append(f"  T2S batch {b}: {r['tokens_per_s']} tokens/s total")
+        a = s["acoustic"]
+        lines.append(f"  {a['stage']}: {a['median_s'] * 1000:.1f} ms (RTF {a['rtf']})")
+    for n, r in s["t2s_batch_throughput"].items():
+        lines.append(f"  T2S batch {n}: {r['tokens_per_s']} tokens/s total")
     for label, r in s["end_to_end"].items():
         lines.append(f"  end to end {label}: {r['median_s']:.3f} s for {r['audio_s']} s audio (RTF {r['rtf']})")
     lines.append(f"  first streamed chunk: {s['first_chunk_latency']['median_s'] * 1000:.1f} ms")
+    for n, r in s.get("concurrent_streams", {}).items():
+        lines.append(f"  {n} concurrent streams: {format_summary(r)}")
     lines.append("  memory: " + ", ".join(f"{k} {v}" for k, v in report["memory"].items()))
     return "\n".join(lines)
-

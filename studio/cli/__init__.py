@@ -16,6 +16,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("studio.cli.serve", "run the api_v2-compatible HTTP server (with OpenAI speech and /metrics)"),
     "export-coreml": ("studio.cli.export_coreml", "convert a vocoder (bigvgan, v4, v2) to a Core ML package"),
     "bench": ("studio.cli.bench", "benchmark each stage and end to end (speed, latency, memory)"),
+    "loadtest": ("studio.cli.loadtest", "drive a running server with concurrent streaming clients (latency, throughput)"),
     "webui": ("studio.cli.webui", "the web UI and the HTTP API on one port (voice cloning in the browser)"),
 }
 

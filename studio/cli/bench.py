@@ -21,6 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokens", type=int, default=None, help="T2S tokens per timed decode (default 500; 20 with --tiny)")
     parser.add_argument("--repeats", type=int, default=None, help="timed repeats per stage (default 3; 1 with --tiny)")
     parser.add_argument("--batches", default=None, help="comma-separated T2S batch sizes (default 8,32,64; 2 with --tiny)")
+    parser.add_argument("--streams", default=None,
+                        help="comma-separated counts of concurrent in-process streams (default 1,2,4,8; 1,2 with --tiny)")
     parser.add_argument("--ref", help="reference clip (default: a generated 5 s clip)")
     parser.add_argument("--ref-text", default=None)
     parser.add_argument("--ref-lang", default="zh")
@@ -35,8 +37,9 @@ def run(args: argparse.Namespace) -> int:
     tokens = args.tokens or (20 if args.tiny else 500)
     repeats = args.repeats or (1 if args.tiny else 3)
     batches = tuple(int(b) for b in (args.batches or ("2" if args.tiny else "8,32,64")).split(",") if b)
+    streams = tuple(int(n) for n in (args.streams or ("1,2" if args.tiny else "1,2,4,8")).split(",") if n)
     cfg = BenchConfig(version=args.random_weights, config=args.config, tiny=args.tiny, device=args.device,
-                      precision=args.precision, tokens=tokens, repeats=repeats, batches=batches,
+                      precision=args.precision, tokens=tokens, repeats=repeats, batches=batches, streams=streams,
                       reference=args.ref, reference_text=args.ref_text or REF_TEXT, reference_lang=args.ref_lang,
                       t2s_decoder=args.t2s_decoder)
     report = run_benchmark(cfg, log=lambda s: print(s, file=sys.stderr, flush=True))

@@ -18,6 +18,7 @@ LAYERS = {
     "engine": ("engine",),
     "studio.http": ("engine", "studio.http"),
     "studio.cluster": ("engine", "studio.http", "studio.cluster"),
+    "studio.loadtest": ("engine", "studio.loadtest"),  # an HTTP client of any server: no server code
     "webui": ("engine", "studio.http", "webui"),
     "studio.cli": ("engine", "studio.http", "studio.cluster", "webui", "studio.cli", "studio"),
     "studio": ("studio",),

@@ -1,0 +1,100 @@
+"""The server's memory, read from its Prometheus ``/metrics`` (only when it exports process memory)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from studio.loadtest.client import IncompleteResponse, Request, Target, simple
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")  # name{labels} value [timestamp]
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+# /metrics series that carry the server process's resident memory: ours, then the Prometheus client's
+RSS_SERIES = (("sovits_host_memory_bytes", {"kind": "rss"}), ("process_resident_memory_bytes", {}))
+DEVICE_SERIES = ("sovits_device_memory_bytes", {"kind": "allocated"})
+
+
+def parse_metrics(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """Prometheus text exposition -> {name: [(labels, value)]} (comments and bad lines skipped)."""
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for line in text.splitlines():
+        m = _SAMPLE.match(line.strip())
+        if m is None:
+            continue
+        try:
+            value = float(m.group(3))
+        except ValueError:
+            continue
+        labels = {k: v.replace('\\"', '"').replace("\\\\", "\\") for k, v in _LABEL.findall(m.group(2) or "")}
+        out.setdefault(m.group(1), []).append((labels, value))
+    return out
+
+
+def _series_sum(metrics: dict[str, list[tuple[dict[str, str], float]]], name: str,
+                match: dict[str, str]) -> float | None:
+    values = [v for labels, v in metrics.get(name, []) if all(labels.get(k) == want for k, want in match.items())]
+    return sum(values) if values else None
+
+
+@dataclass
+class MemoryProbe:
+    """Samples the server's resident memory (and device memory, when exported) from ``/metrics``.
+    ``available`` is decided by one first scrape; if it shows no process memory, nothing more is asked."""
+
+    target: Target
+    available: bool = False
+    note: str = ""
+    rss: list[float] = field(default_factory=list)
+    device: list[float] = field(default_factory=list)
+
+    async def probe(self) -> None:
+        """The first scrape (connection errors propagate: the server is not there)."""
+        status, body = await simple(self.target, Request("GET", "/metrics"), 10.0)
+        if status != 200:
+            self.note = f"n/a: the server has no /metrics (HTTP {status})"
+            return
+        if self._record(parse_metrics(body.decode("utf-8", "replace"))):
+            self.available, self.note = True, "from /metrics"
+        else:
+            self.note = "n/a: the server's /metrics exports no process memory"
+
+    def _record(self, metrics: dict[str, list[tuple[dict[str, str], float]]]) -> bool:
+        rss = next((v for name, match in RSS_SERIES if (v := _series_sum(metrics, name, match)) is not None), None)
+        if rss is None:
+            return False
+        self.rss.append(rss)
+        device = _series_sum(metrics, *DEVICE_SERIES)
+        if device is not None:
+            self.device.append(device)
+        return True
+
+    async def sample(self) -> None:
+        try:
+            status, body = await simple(self.target, Request("GET", "/metrics"), 10.0)
+        except (OSError, IncompleteResponse, asyncio.TimeoutError):
+            return
+        if status == 200:
+            self._record(parse_metrics(body.decode("utf-8", "replace")))
+
+    async def watch(self, interval_s: float) -> None:
+        """Sample every ``interval_s`` seconds until cancelled."""
+        while True:
+            await self.sample()
+            await asyncio.sleep(interval_s)
+
+    def reset(self) -> None:
+        self.rss, self.device = [], []
+
+    def report(self) -> dict[str, Any] | str:
+        if not self.available or not self.rss:
+            return self.note or "n/a"
+        mb = 1 << 20
+        out: dict[str, Any] = {"rss_mb": {"start": round(self.rss[0] / mb, 1), "peak": round(max(self.rss) / mb, 1),
+                                          "end": round(self.rss[-1] / mb, 1)}}
+        if self.device:
+            out["device_allocated_mb"] = {"start": round(self.device[0] / mb, 1),
+                                          "peak": round(max(self.device) / mb, 1),
+                                          "end": round(self.device[-1] / mb, 1)}
+        return out
