@@ -212,9 +212,20 @@ class EngineSettings:
     # (FastT2S serves one request at a time).
     t2s_decoder: str = "auto"
     max_text_chars: int = 10_000  # longer request texts are refused
+    # the continuous-batching scheduler (engine.serving) runs every request of Studio; False: each request
+    # runs the official loops on its caller's thread (the official per-request RNG stream, no batching)
+    scheduler: bool = True
+    scheduler_slots: int = 0  # requests decoded at once; 0: from free device memory (CPU: 8)
+    scheduler_queue: int = 64  # requests waiting for a slot; one more is refused with BusyError (HTTP 503)
+    scheduler_context: int = 2048  # positions per slot: phones + prompt tokens + generated tokens
 
     def __post_init__(self) -> None:
-        for name in ("reference_cache_entries", "reference_cache_bytes", "model_pool_bytes", "max_text_chars"):
+        if not isinstance(self.scheduler, bool):
+            raise OptionsError(f"scheduler must be true or false, got {self.scheduler!r}")
+        if not _is_int(self.scheduler_context) or self.scheduler_context < 64:
+            raise OptionsError(f"scheduler_context must be an integer >= 64, got {self.scheduler_context!r}")
+        for name in ("reference_cache_entries", "reference_cache_bytes", "model_pool_bytes", "max_text_chars",
+                     "scheduler_slots", "scheduler_queue"):
             v = getattr(self, name)
             if not _is_int(v) or v < 0:
                 raise OptionsError(f"{name} must be a non-negative integer, got {v!r}")
