@@ -210,6 +210,65 @@ def decode_streaming(sovits, codes: torch.Tensor, text: torch.Tensor, refer: Seq
     return sovits.dec(z * y_mask, g=ge), latent
 
 
+
+@torch.no_grad()
+def decode_streaming_batch(sovits, rows: Sequence[dict], noise_scale: float = 0.5,
+                           ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """:func:`decode_streaming` for several independent streams at once (speed 1), right-padded with masks.
+
+    Each row: ``codes`` (N,) all tokens so far, ``text`` (P,), ``ge`` (1, gin, 1) its style vector,
+    ``result_length`` (tokens from the end, or None), ``overlap_frames`` (1, hidden, 2*ov) or None,
+    ``generator``. Returns per row (audio (samples,), latent (1, hidden, frames)). The encoders are
+    masked, so padding changes nothing there beyond rounding; the HiFi-GAN decoder is not, so the
+    last samples of a padded row may differ slightly from a decode of that row alone.
+    """
+    enc = sovits.enc_p
+    dev = rows[0]["codes"].device
+    frame = 2 if sovits.dims.semantic_frame_rate == "25hz" else 1
+    quantized = [sovits.quantizer.decode(r["codes"].view(1, 1, -1)) for r in rows]  # (1, 768, N)
+    if frame == 2:
+        quantized = [F.interpolate(q, size=int(q.shape[-1] * 2), mode="nearest") for q in quantized]
+    lengths = torch.tensor([r["codes"].numel() * 2 for r in rows], device=dev)
+    width = max(q.shape[-1] for q in quantized)
+    y = torch.cat([F.pad(q, (0, width - q.shape[-1])) for q in quantized])  # (B, 768, T)
+    y_mask = sequence_mask(lengths, width).unsqueeze(1).to(y.dtype)
+    text_lengths = torch.tensor([r["text"].numel() for r in rows], device=dev)
+    p = int(text_lengths.max())
+    text = torch.stack([F.pad(r["text"].view(-1), (0, p - r["text"].numel())) for r in rows])  # (B, P)
+    ge = torch.cat([r["ge"] for r in rows])  # (B, gin, 1)
+    ge_enc = sovits.ge_to512(ge.transpose(2, 1)).transpose(2, 1) if sovits.dims.is_pro else ge
+    y = enc.ssl_proj(y * y_mask) * y_mask
+    y = enc.encoder_ssl(y * y_mask, y_mask)
+    text_mask = sequence_mask(text_lengths, p).unsqueeze(1).to(y.dtype)
+    t = enc.text_embedding(text).transpose(1, 2)
+    t = enc.encoder_text(t * text_mask, text_mask)
+    y = enc.mrte(y, y_mask, t, text_mask, ge_enc)
+    y = enc.encoder2(y * y_mask, y_mask)
+    crops, latents = [], []
+    for i, r in enumerate(rows):  # the newest frames of each row, cross-faded with its previous latent
+        end = int(lengths[i]) if frame == 2 else y.shape[-1]
+        keep = end if r["result_length"] is None else frame * r["result_length"]
+        c = y[i : i + 1, :, end - keep : end].clone()
+        if r["overlap_frames"] is not None:
+            ov = r["overlap_frames"].shape[-1]
+            window = torch.sin(torch.arange(ov * 2, device=dev) * math.pi / (ov * 2)).to(c.dtype)
+            c[:, :, :ov] = window[:ov].view(1, 1, -1) * c[:, :, :ov] + window[ov:].view(1, 1, -1) * r["overlap_frames"]
+        crops.append(c)
+        latents.append(c)
+    out_lengths = torch.tensor([c.shape[-1] for c in crops], device=dev)
+    width = int(out_lengths.max())
+    y = torch.cat([F.pad(c, (0, width - c.shape[-1])) for c in crops])
+    mask = sequence_mask(out_lengths, width).unsqueeze(1).to(y.dtype)
+    stats = enc.proj(y) * mask
+    m_p, logs_p = torch.split(stats, enc.out_channels, dim=1)
+    noise = torch.cat([F.pad(torch.randn((1, m_p.shape[1], c.shape[-1]), generator=r["generator"], device=dev,
+                                         dtype=m_p.dtype), (0, width - c.shape[-1])) for r, c in zip(rows, crops)])
+    z_p = m_p + noise * torch.exp(logs_p) * noise_scale
+    z = sovits.flow.reverse(z_p, mask, g=ge)
+    audio = sovits.dec(z * mask, g=ge)[:, 0]  # (B, width * up)
+    up = audio.shape[-1] // width
+    return [(audio[i, : int(out_lengths[i]) * up], latents[i]) for i in range(len(rows))]
+
 STREAM_MIN_CHUNK = 10  # official: a non-first streaming chunk shorter than this gets extra overlap
 
 
@@ -233,12 +292,10 @@ class SentenceStream:
         self.previous: list[int] = []
         self.last_audio: torch.Tensor | None = None
         self.last_latent: torch.Tensor | None = None
+        self._ge: torch.Tensor | None = None
 
-    @torch.no_grad()
-    def voice(self, tokens: Sequence[int], final: bool) -> torch.Tensor:
-        """The audio (samples,) of one chunk, ready to play."""
-        from engine.acoustic.sola import sola_pair
-
+    def _plan(self, tokens: Sequence[int], final: bool) -> dict:
+        """The decode of one chunk: what :func:`decode_streaming` (or its batch form) needs."""
         first = self.last_audio is None
         self.previous.extend(tokens)
         n = len(tokens)
@@ -246,25 +303,56 @@ class SentenceStream:
         if not first and n < STREAM_MIN_CHUNK:  # official: a short chunk gets a longer overlap
             ov += STREAM_MIN_CHUNK - n
         dev = self.phones.device
-        codes = torch.tensor(self.previous, dtype=torch.long, device=dev).view(1, 1, -1)
-        audio, latent = decode_streaming(
-            self.sovits, codes, self.phones, self.refer, self.sv_emb, speed=self.speed,
-            result_length=None if first else n + ov,
-            overlap_frames=None if self.last_latent is None else self.last_latent[:, :, -ov * self.frames_per_token:],
-            generator=self.generator)
-        audio = audio[0, 0]
-        if ov > self.overlap_length:
-            audio = audio[-int((self.overlap_length + n) * self.up):]
+        return {"codes": torch.tensor(self.previous, dtype=torch.long, device=dev), "text": self.phones,
+                "result_length": None if first else n + ov, "generator": self.generator,
+                "overlap_frames": None if self.last_latent is None else self.last_latent[:, :, -ov * self.frames_per_token:],
+                "n": n, "ov": ov, "first": first, "final": final}
+
+    def _finish(self, plan: dict, audio: torch.Tensor, latent: torch.Tensor) -> torch.Tensor:
+        """Crop and SOLA-join one decoded chunk (audio (samples,)) -> the audio ready to play."""
+        from engine.acoustic.sola import sola_pair
+
+        if plan["ov"] > self.overlap_length:
+            audio = audio[-int((self.overlap_length + plan["n"]) * self.up):]
         out = audio
-        if first:
-            if not final:
+        if plan["first"]:
+            if not plan["final"]:
                 out = out[:-self.overlap_size]
-        elif not final:
+        elif not plan["final"]:
             joined = sola_pair(self.last_audio, out, self.overlap_size)
             out = joined[self.last_audio.shape[0] - self.overlap_size: -self.overlap_size]
         self.last_latent, self.last_audio = latent, audio
         return out
 
+    @torch.no_grad()
+    def voice(self, tokens: Sequence[int], final: bool) -> torch.Tensor:
+        """The audio (samples,) of one chunk, ready to play."""
+        plan = self._plan(tokens, final)
+        audio, latent = decode_streaming(
+            self.sovits, plan["codes"].view(1, 1, -1), self.phones, self.refer, self.sv_emb, speed=self.speed,
+            result_length=plan["result_length"], overlap_frames=plan["overlap_frames"], generator=self.generator)
+        return self._finish(plan, audio[0, 0], latent)
+
+    @property
+    def style(self) -> torch.Tensor:
+        """The style vector ge (1, gin, 1) of this sentence's reference (computed once)."""
+        if self._ge is None:
+            self._ge = self.sovits.style_vector(self.refer, self.sv_emb)
+        return self._ge
+
     def tail(self) -> torch.Tensor | None:
         """After a final ``None`` chunk: the held-back end of the last chunk (None if nothing was voiced)."""
         return None if self.last_audio is None else self.last_audio[-self.overlap_size:]
+
+
+@torch.no_grad()
+def voice_together(streams: Sequence[SentenceStream], chunks: Sequence[tuple[Sequence[int], bool]],
+                   ) -> list[torch.Tensor]:
+    """One chunk for each of several different sentence streams, decoded in one batch where they share
+    a model and speed 1 (else one by one). Returns each stream's audio, as :meth:`SentenceStream.voice`."""
+    if len(streams) == 1 or any(s.speed != 1.0 or s.sovits is not streams[0].sovits for s in streams):
+        return [s.voice(t, f) for s, (t, f) in zip(streams, chunks)]
+    plans = [s._plan(t, f) for s, (t, f) in zip(streams, chunks)]
+    rows = [{**p, "ge": s.style} for s, p in zip(streams, plans)]
+    decoded = decode_streaming_batch(streams[0].sovits, rows)
+    return [s._finish(p, audio, latent) for s, p, (audio, latent) in zip(streams, plans, decoded)]

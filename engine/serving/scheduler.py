@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 PREFILL_TOKENS = 8192  # most prefix positions (rows x width) prefilled in one go
 CPU_SLOTS = 8
 MAX_CUDA_SLOTS = 2048
+MAX_ACOUSTIC_BATCH = 64  # streaming chunks decoded together (CUDA)
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,8 @@ class Scheduler:
         self._closed = False
         self._durations: deque[float] = deque(maxlen=64)
         self._threads: list[threading.Thread] = []
+        # float32 on the CPU voices chunk by chunk, so a request's audio is exactly what it is alone
+        self.batch_acoustic = models.device.type == "cuda"
         self.steps = 0  # decode steps run (for benchmarks)
         self.tokens = 0  # tokens decoded
 
@@ -356,28 +359,79 @@ class Scheduler:
 
     # ---- acoustic stage -------------------------------------------------------------------------
     def _acoustic_loop(self) -> None:
+        """Voice the jobs in rounds: each round takes the oldest job of every request (a request's jobs
+        stay in order); on CUDA its streaming chunks are decoded as one batch."""
         stream = torch.cuda.Stream(self.models.device) if self.models.device.type == "cuda" else None
+        pending: deque = deque()
         while True:
-            job = self._acoustic.get()
-            if job is None:
+            if not pending:
+                pending.append(self._acoustic.get())
+            while True:
+                try:
+                    pending.append(self._acoustic.get_nowait())
+                except queue.Empty:
+                    break
+            if any(job is None for job in pending):
                 return
-            kind, request, sentence, payload, voice = job
+            taken, seen, rest = [], set(), deque()
+            for job in pending:
+                key = id(job[1])
+                if key in seen or len(taken) >= MAX_ACOUSTIC_BATCH:
+                    rest.append(job)
+                else:
+                    taken.append(job)
+                seen.add(key)
+            pending = rest
+            if stream is not None:
+                with torch.cuda.stream(stream):
+                    self._acoustic_round(taken)
+                stream.synchronize()
+            else:
+                self._acoustic_round(taken)
+
+    def _acoustic_round(self, jobs: list) -> None:
+        live = []
+        for job in jobs:
+            kind, request, _, payload, _ = job
             if kind == "end":
                 request.finish(payload)
-                continue
-            if request.cancelled or request.finished:
-                continue
+            elif not (request.cancelled or request.finished):
+                live.append(job)
+        chunks = [j for j in live if j[0] == "chunk" and j[3][0] is not None]
+        if self.batch_acoustic and len(chunks) > 1:
+            from engine.acoustic.streaming import voice_together
+
             try:
-                if stream is not None:
-                    with torch.cuda.stream(stream):
-                        self._run_acoustic(kind, request, sentence, payload, voice)
-                    stream.synchronize()
-                else:
-                    self._run_acoustic(kind, request, sentence, payload, voice)
+                with torch.inference_mode():
+                    audios = voice_together([j[4] for j in chunks], [j[3] for j in chunks])
+            except Exception as e:  # noqa: BLE001 - the requests of the batch fail, the server goes on
+                log.exception("acoustic stage failed")
+                for j in chunks:
+                    j[1].finish(e)
+                    j[1].cancel()
+                audios = None
+            if audios is not None:
+                for (_, request, sentence, (toks, final), _), audio in zip(chunks, audios):
+                    self._put_chunk(request, sentence, toks, final, audio)
+            live = [j for j in live if j not in chunks]
+        for kind, request, sentence, payload, voice in live:
+            try:
+                self._run_acoustic(kind, request, sentence, payload, voice)
             except Exception as e:  # noqa: BLE001 - the request fails, the server goes on
                 log.exception("acoustic stage failed")
                 request.finish(e)
                 request.cancel()
+
+    def _put_chunk(self, request: Request, sentence: Any, toks: list[int] | None, final: bool,
+                   audio: torch.Tensor | None) -> None:
+        from engine.pipeline import postprocess
+
+        ctx: Context = request.context
+        ends = final and not ctx.gap.size
+        if audio is not None:
+            request.put(Piece(postprocess(audio), sentence, tuple(toks or ()), "speech", ends))
+        if final and ctx.gap.size:
+            request.put(Piece(ctx.gap, sentence, (), "silence", True))
 
     @torch.inference_mode()
     def _run_acoustic(self, kind: str, request: Request, sentence: Any, payload: Any, voice: Any) -> None:
@@ -386,15 +440,7 @@ class Scheduler:
         ctx: Context = request.context
         if kind == "chunk":
             toks, final = payload
-            ends = final and not ctx.gap.size
-            if toks is None:
-                tail = voice.tail()
-                if tail is not None:
-                    request.put(Piece(postprocess(tail), sentence, (), "speech", ends))
-            else:
-                request.put(Piece(postprocess(voice.voice(toks, final)), sentence, tuple(toks), "speech", ends))
-            if final and ctx.gap.size:
-                request.put(Piece(ctx.gap, sentence, (), "silence", True))
+            self._put_chunk(request, sentence, toks, final, voice.tail() if toks is None else voice.voice(toks, final))
             return
         out: T2SOutput = payload
         gen = torch.Generator(device=self.models.device).manual_seed(stream_key(ctx.seed, sentence.index))
