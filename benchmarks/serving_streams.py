@@ -80,7 +80,7 @@ def reference(models: Models, seconds: float = 5.0) -> PreparedReference:
     dev, dt = models.device, next(models.sovits.parameters()).dtype
     frames = int(seconds * 50)  # 32 kHz, hop 640
     spec = torch.rand(1, 1025, frames, generator=g).to(dev, dt)
-    sv = (torch.randn(1, models.sovits.dims.sv_dim, generator=g).to(dev),) if models.sovits.dims.is_pro else None
+    sv = (torch.randn(1, models.sovits.dims.sv_dim, generator=g).to(dev, dt),) if models.sovits.dims.is_pro else None
     prompt = torch.randint(0, 1024, (int(seconds * 25),), generator=g).to(dev)
     phones = tuple(torch.randint(1, 300, (30,), generator=g).tolist())
     return PreparedReference(specs=(spec,), sv=sv, prompt_semantic=prompt, prompt_phones=phones,
