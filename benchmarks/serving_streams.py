@@ -112,6 +112,8 @@ def wave(cloner, ref, n: int, seed0: int) -> dict:
     outs = [dict() for _ in range(n)]
     threads = [threading.Thread(target=one_stream, args=(cloner, ref, seed0 + i, outs[i])) for i in range(n)]
     steps0, tokens0, t0 = sched.steps, sched.tokens, time.perf_counter()
+    busy0 = (sched.t2s_seconds, sched.acoustic_seconds, sched.acoustic_rounds, sched.acoustic_chunks)
+    sched.first_chunk_parts.clear()
     for t in threads:
         t.start()
     for t in threads:
@@ -133,6 +135,13 @@ def wave(cloner, ref, n: int, seed0: int) -> dict:
         "audio_s_per_s": sum(o["audio"] for o in ok) / wall,
         "t2s_tokens_per_s": (sched.tokens - tokens0) / wall, "decode_steps_per_s": (sched.steps - steps0) / wall,
         "wall_s": wall,
+        "t2s_busy_s": sched.t2s_seconds - busy0[0], "acoustic_busy_s": sched.acoustic_seconds - busy0[1],
+        "acoustic_rounds": sched.acoustic_rounds - busy0[2],
+        "acoustic_jobs_per_round": (sched.acoustic_chunks - busy0[3]) / max(1, sched.acoustic_rounds - busy0[2]),
+        "first_chunk_t2s_ms_median": 1000 * statistics.median(p[0] for p in sched.first_chunk_parts)
+        if sched.first_chunk_parts else float("nan"),
+        "first_chunk_acoustic_ms_median": 1000 * statistics.median(p[1] for p in sched.first_chunk_parts)
+        if sched.first_chunk_parts else float("nan"),
     }
 
 
@@ -163,7 +172,10 @@ def main() -> None:
     ap.add_argument("--memory-tokens", type=int, default=50)
     ap.add_argument("--weights", default="", help="folder for the random weights (default: a temporary one)")
     ap.add_argument("--json", default="")
+    ap.add_argument("--switch-interval", type=float, default=0.0005,
+                    help="sys.setswitchinterval: how soon the decode loop gets the GIL back from other threads")
     args = ap.parse_args()
+    sys.setswitchinterval(args.switch_interval)
 
     root = Path(args.weights or tempfile.mkdtemp(prefix="serving-bench-"))
     root.mkdir(parents=True, exist_ok=True)
@@ -189,6 +201,8 @@ def main() -> None:
     report["single_first_chunk_ms"] = sorted(w["first_chunk_p50_ms"] for w in singles)
     report["single_first_chunk_p50_ms"] = statistics.median(report["single_first_chunk_ms"])
     report["single_stream_speed"] = statistics.median(w["stream_speed_median"] for w in singles)
+    report["single_first_chunk_parts_ms"] = [(round(w["first_chunk_t2s_ms_median"], 1),
+                                              round(w["first_chunk_acoustic_ms_median"], 1)) for w in singles]
     for n in streams:
         w = wave(cloner, ref, n, 100_000 * n)
         report["waves"].append(w)
@@ -216,8 +230,16 @@ def main() -> None:
               f"{w['first_chunk_p99_ms']:.0f} | {w['stream_speed_min']:.2f} / {w['stream_speed_median']:.2f} | "
               f"{w['streams_late']} | {w['audio_s_per_s']:.1f} | {w['t2s_tokens_per_s']:.0f} | "
               f"{w['decode_steps_per_s']:.0f} |")
+    print("\n| streams | T2S busy s | acoustic busy s | acoustic rounds | jobs/round | first chunk: T2S ms | "
+          "first chunk: acoustic ms |")
+    print("|---|---|---|---|---|---|---|")
+    for w in report["waves"]:
+        print(f"| {w['streams']} | {w['t2s_busy_s']:.1f} | {w['acoustic_busy_s']:.1f} | {w['acoustic_rounds']} | "
+              f"{w['acoustic_jobs_per_round']:.1f} | {w['first_chunk_t2s_ms_median']:.0f} | "
+              f"{w['first_chunk_acoustic_ms_median']:.0f} |")
     print(f"\nsingle stream: first chunk p50 {report['single_first_chunk_p50_ms']:.1f} ms "
-          f"({', '.join(f'{x:.1f}' for x in report['single_first_chunk_ms'])}), speed {report['single_stream_speed']:.2f}x")
+          f"({', '.join(f'{x:.1f}' for x in report['single_first_chunk_ms'])}), speed {report['single_stream_speed']:.2f}x; "
+          f"(T2S, acoustic) ms per run: {report['single_first_chunk_parts_ms']}")
     print(f"most concurrent streams all at real time: {report['most_streams_all_real_time']}")
     if "memory" in report:
         m = report["memory"]

@@ -48,8 +48,11 @@ class Request:
         self._error: BaseException | None = None
         self.cancelled = False
         self.on_cancel: Callable[["Request"], None] | None = None
+        self.on_first_voiced: Callable[["Request"], None] | None = None
         self.first = first
         self.started = time.monotonic()
+        self.first_due: float | None = None  # when the first token chunk went to the acoustic stage
+        self.first_voiced: float | None = None  # when the first piece of audio was ready
 
     # ---- sentences (scheduler side) -----------------------------------------------------------
     def feature(self, index: int) -> Future:
@@ -90,6 +93,10 @@ class Request:
 
     # ---- output (acoustic side) ---------------------------------------------------------------
     def put(self, piece: Piece) -> None:
+        if self.first_voiced is None:
+            self.first_voiced = time.monotonic()
+            if self.on_first_voiced is not None:
+                self.on_first_voiced(self)
         with self._lock:
             self._pieces.append(piece)
             self._lock.notify_all()

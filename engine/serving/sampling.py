@@ -82,6 +82,11 @@ class RowParams:
             key=torch.zeros(slots, dtype=torch.int64, device=device),
         )
 
+    def select(self, row: int) -> "RowParams":
+        """One row's parameters as a batch of one."""
+        return RowParams(*(t[row : row + 1] for t in (self.top_k, self.top_p, self.temperature, self.penalty,
+                                                       self.min_steps, self.key)))
+
     def rows(self, n: int) -> "RowParams":
         return RowParams(*(t[:n] for t in (self.top_k, self.top_p, self.temperature, self.penalty,
                                             self.min_steps, self.key)))

@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 PREFILL_TOKENS = 8192  # most prefix positions (rows x width) prefilled in one go
 CPU_SLOTS = 8
 MAX_CUDA_SLOTS = 2048
-MAX_ACOUSTIC_BATCH = 64  # streaming chunks decoded together (CUDA)
+MAX_ACOUSTIC_BATCH = 128  # streaming chunks decoded together (CUDA)
 
 
 @dataclass(frozen=True)
@@ -116,6 +116,12 @@ class Scheduler:
         self.batch_acoustic = models.device.type == "cuda"
         self.steps = 0  # decode steps run (for benchmarks)
         self.tokens = 0  # tokens decoded
+        self.t2s_seconds = 0.0  # time in decode steps (host and device)
+        self.acoustic_seconds = 0.0  # time in acoustic rounds
+        self.acoustic_rounds = 0
+        self.acoustic_chunks = 0
+        # (submit -> first token chunk due, due -> its audio ready) seconds of recent requests
+        self.first_chunk_parts: deque[tuple[float, float]] = deque(maxlen=4096)
 
     # ---- public ---------------------------------------------------------------------------------
     def submit(self, request: Request) -> None:
@@ -128,6 +134,7 @@ class Scheduler:
                 raise BusyError(f"the server is busy: all {self.slots} decoding slots are taken and "
                                 f"{self.config.queue} requests are waiting; retry in {wait:.0f} s", retry_after=wait)
             request.on_cancel = self._on_cancel
+            request.on_first_voiced = self._first_voiced
             self._active.add(request)
             self._arrivals.append((request, request.first))
             self._start()
@@ -161,12 +168,23 @@ class Scheduler:
             t.start()
             self._threads.append(t)
 
+    def _first_voiced(self, request: Request) -> None:
+        due = request.first_due if request.first_due is not None else request.first_voiced
+        self.first_chunk_parts.append((due - request.started, request.first_voiced - due))
+
     def _on_cancel(self, request: Request) -> None:
         with self._cv:
             self._cancelled.add(request)
             self._cv.notify_all()
 
     def _loop(self) -> None:
+        if self.models.device.type == "cuda":  # decode steps go first on the GPU; vocoding fills the gaps
+            with torch.cuda.stream(torch.cuda.Stream(self.models.device, priority=-1)):
+                self._decode_loop()
+        else:
+            self._decode_loop()
+
+    def _decode_loop(self) -> None:
         while True:
             with self._cv:
                 while not self._closed and not self._n and not self._arrivals and not self._cancelled:
@@ -180,7 +198,9 @@ class Scheduler:
                 if arrivals:
                     self._prefill(arrivals)
                 if self._n:
+                    t0 = time.perf_counter()
                     self._decode_step()
+                    self.t2s_seconds += time.perf_counter() - t0
             except Exception as e:  # noqa: BLE001 - a failed step fails the requests in it, not the server
                 log.exception("decode step failed")
                 self._fail_all(e)
@@ -294,6 +314,8 @@ class Scheduler:
 
     def _voice(self, row: int, chunk: list[int] | None, final: bool) -> None:
         r = self._rows[row]
+        if r.request.first_due is None:
+            r.request.first_due = time.monotonic()
         self._acoustic.put(("chunk", r.request, r.sentence, (chunk, final), r.voice))
 
     def _sentence_ready(self, request: Request, sentence: Any, error: BaseException | None) -> None:
@@ -373,21 +395,17 @@ class Scheduler:
                     break
             if any(job is None for job in pending):
                 return
-            taken, seen, rest = [], set(), deque()
-            for job in pending:
-                key = id(job[1])
-                if key in seen or len(taken) >= MAX_ACOUSTIC_BATCH:
-                    rest.append(job)
-                else:
-                    taken.append(job)
-                seen.add(key)
-            pending = rest
+            taken, pending = _round(pending)
+            t0 = time.perf_counter()
             if stream is not None:
                 with torch.cuda.stream(stream):
                     self._acoustic_round(taken)
                 stream.synchronize()
             else:
                 self._acoustic_round(taken)
+            self.acoustic_seconds += time.perf_counter() - t0
+            self.acoustic_rounds += 1
+            self.acoustic_chunks += len(taken)
 
     def _acoustic_round(self, jobs: list) -> None:
         live = []
@@ -448,6 +466,20 @@ class Scheduler:
         a = postprocess(audio)
         a = np.concatenate([a, ctx.gap]) if ctx.gap.size else a
         request.put(Piece(a, sentence, tuple(int(t) for t in out.tokens.tolist()), "speech", True))
+
+
+def _round(pending: deque) -> tuple[list, deque]:
+    """The jobs of one acoustic round: the oldest job of each request (a request's jobs stay in order),
+    at most MAX_ACOUSTIC_BATCH, requests still waiting for their first audio first; and the rest."""
+    eligible, seen = [], set()
+    for i, job in enumerate(pending):
+        if id(job[1]) not in seen:
+            seen.add(id(job[1]))
+            eligible.append(i)
+    eligible.sort(key=lambda i: pending[i][1].first_voiced is not None)  # stable: oldest first otherwise
+    chosen = set(eligible[:MAX_ACOUSTIC_BATCH])
+    taken = [job for i, job in enumerate(pending) if i in chosen]
+    return taken, deque(job for i, job in enumerate(pending) if i not in chosen)
 
 
 def naive_output(prompt: torch.Tensor | None, kept: list[int], step: int, stop: str) -> T2SOutput:
