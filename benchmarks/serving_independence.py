@@ -18,10 +18,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from serving_streams import BenchCloner, load, reference  # noqa: E402
+from serving_streams import BenchCloner, load, reference
 
-from engine.options import SynthesisOptions, resolve_plan  # noqa: E402
-from engine.serving.scheduler import Scheduler, SchedulerConfig  # noqa: E402
+from engine.options import SynthesisOptions, resolve_plan
+from engine.serving.scheduler import Scheduler, SchedulerConfig
 
 
 def run(cloner, ref, seed: int, stream: bool):
@@ -55,8 +55,8 @@ def main() -> None:
             alone = [run(cloner, ref, s, stream) for s in seeds]
             together: list = [None] * len(seeds)
 
-            def work(i):
-                together[i] = run(cloner, ref, seeds[i], stream)
+            def work(i, out=together, seeds=seeds, stream=stream, cloner=cloner, ref=ref):
+                out[i] = run(cloner, ref, seeds[i], stream)
 
             threads = [threading.Thread(target=work, args=(i,)) for i in range(len(seeds))]
             threads += [threading.Thread(target=run, args=(cloner, ref, 500 + j, stream)) for j in range(args.others)]

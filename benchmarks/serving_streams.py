@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import resource
 import statistics
 import sys
@@ -25,17 +24,16 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.loading.model_pool import MUTE_TOKEN, Models, WeightSet  # noqa: E402
-from engine.options import SynthesisOptions, resolve_plan  # noqa: E402
-from engine.pipeline import PreparedReference, VoiceCloner, _Sentence  # noqa: E402
-from engine.runtime import resolve_runtime  # noqa: E402
-from engine.serving.scheduler import Scheduler, SchedulerConfig  # noqa: E402
-from engine.t2s.decoding import StopRules  # noqa: E402
+from engine.loading.model_pool import MUTE_TOKEN, Models, WeightSet
+from engine.options import SynthesisOptions, resolve_plan
+from engine.pipeline import PreparedReference, VoiceCloner, _Sentence
+from engine.runtime import resolve_runtime
+from engine.serving.scheduler import Scheduler, SchedulerConfig
+from engine.t2s.decoding import StopRules
 
 
 class BenchCloner(VoiceCloner):
@@ -222,8 +220,8 @@ def main() -> None:
         report["memory"] = {"samples": samples, "rss_growth_pct": 100 * (last["rss_mb"] / first["rss_mb"] - 1),
                             "device_growth_pct": 100 * (last["device_allocated_mb"] / max(1e-9, first["device_allocated_mb"]) - 1)}
     sched.close()
-    print(f"\n| streams | first chunk p50 / p95 / p99 (ms) | stream speed min / median (x real time) | streams late | "
-          f"audio s/s | T2S tokens/s | steps/s |")
+    print("\n| streams | first chunk p50 / p95 / p99 (ms) | stream speed min / median (x real time) | streams late | "
+          "audio s/s | T2S tokens/s | steps/s |")
     print("|---|---|---|---|---|---|---|")
     for w in report["waves"]:
         print(f"| {w['streams']} | {w['first_chunk_p50_ms']:.0f} / {w['first_chunk_p95_ms']:.0f} / "

@@ -208,8 +208,8 @@ class EngineSettings:
     warmup: bool = False  # run a tiny synthesis when a model set is loaded
     # "auto": FastT2S (CUDA graphs) on CUDA, else the reference loop; "fast"; "reference"; "int8": the
     # reference loop over int8 dynamically quantised linears (CPU only; reduced precision, see
-    # docs/benchmarks.md for its token agreement). Streaming requests always use the reference loop
-    # (FastT2S serves one request at a time).
+    # docs/benchmarks.md for its token agreement). Used by the official flow (scheduler=False); the scheduler
+    # decodes with its own slot pool (int8 linears apply there too).
     t2s_decoder: str = "auto"
     max_text_chars: int = 10_000  # longer request texts are refused
     # the continuous-batching scheduler (engine.serving) runs every request of Studio; False: each request

@@ -47,8 +47,8 @@ class Request:
         self._finished = False
         self._error: BaseException | None = None
         self.cancelled = False
-        self.on_cancel: Callable[["Request"], None] | None = None
-        self.on_first_voiced: Callable[["Request"], None] | None = None
+        self.on_cancel: Callable[[Request], None] | None = None
+        self.on_first_voiced: Callable[[Request], None] | None = None
         self.first = first
         self.started = time.monotonic()
         self.first_due: float | None = None  # when the first token chunk went to the acoustic stage

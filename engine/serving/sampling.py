@@ -72,7 +72,7 @@ class RowParams:
     key: torch.Tensor  # (S,) int64, [0, 2**32)
 
     @classmethod
-    def empty(cls, slots: int, device: torch.device) -> "RowParams":
+    def empty(cls, slots: int, device: torch.device) -> RowParams:
         return cls(
             top_k=torch.ones(slots, dtype=torch.long, device=device),
             top_p=torch.ones(slots, dtype=torch.float32, device=device),
@@ -82,12 +82,12 @@ class RowParams:
             key=torch.zeros(slots, dtype=torch.int64, device=device),
         )
 
-    def select(self, row: int) -> "RowParams":
+    def select(self, row: int) -> RowParams:
         """One row's parameters as a batch of one."""
         return RowParams(*(t[row : row + 1] for t in (self.top_k, self.top_p, self.temperature, self.penalty,
                                                        self.min_steps, self.key)))
 
-    def rows(self, n: int) -> "RowParams":
+    def rows(self, n: int) -> RowParams:
         return RowParams(*(t[:n] for t in (self.top_k, self.top_p, self.temperature, self.penalty,
                                             self.min_steps, self.key)))
 

@@ -20,7 +20,6 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -201,7 +200,7 @@ class Scheduler:
                     t0 = time.perf_counter()
                     self._decode_step()
                     self.t2s_seconds += time.perf_counter() - t0
-            except Exception as e:  # noqa: BLE001 - a failed step fails the requests in it, not the server
+            except Exception as e:
                 log.exception("decode step failed")
                 self._fail_all(e)
         self._fail_all(EngineError("the scheduler was shut down"))
@@ -422,7 +421,7 @@ class Scheduler:
             try:
                 with torch.inference_mode():
                     audios = voice_together([j[4] for j in chunks], [j[3] for j in chunks])
-            except Exception as e:  # noqa: BLE001 - the requests of the batch fail, the server goes on
+            except Exception as e:
                 log.exception("acoustic stage failed")
                 for j in chunks:
                     j[1].finish(e)
@@ -435,7 +434,7 @@ class Scheduler:
         for kind, request, sentence, payload, voice in live:
             try:
                 self._run_acoustic(kind, request, sentence, payload, voice)
-            except Exception as e:  # noqa: BLE001 - the request fails, the server goes on
+            except Exception as e:
                 log.exception("acoustic stage failed")
                 request.finish(e)
                 request.cancel()

@@ -27,7 +27,13 @@ import torch
 import torch.nn.functional as F
 
 from engine.models.t2s import Text2SemanticModel
-from engine.t2s.decoding import SamplingParams, StopRules, T2SInput, T2SOutput, prefix_lm_mask
+from engine.t2s.decoding import (
+    SamplingParams,
+    StopRules,
+    T2SInput,
+    T2SOutput,
+    prefix_lm_mask,
+)
 from engine.t2s.kernels import triton_available
 
 NEG_INF = float("-inf")
@@ -177,7 +183,6 @@ class FastT2S:
 
     def _decode_step(self, st: _State) -> None:
         """One token for every row, reading and writing only the state's buffers."""
-        b = st.token.shape[0]
         m = self.model
         x = m.ar_audio_embedding(st.token)  # (B, 1, D)
         pe = m.ar_audio_position.pe.index_select(0, st.audio_pos).to(x.dtype)  # (1, D)

@@ -88,7 +88,7 @@ class SynthesisRunner:
         """Run a blocking call on a worker and await its result (exceptions propagate)."""
         return await asyncio.wrap_future(self.submit(fn, *args))
 
-    async def stream(self, start: Callable[[], Iterator[T]], max_pending: int = 8) -> "ResultStream[T]":
+    async def stream(self, start: Callable[[], Iterator[T]], max_pending: int = 8) -> ResultStream[T]:
         """Start ``start()`` on a worker. Returns once it has either raised (the error propagates here,
         before any response is sent) or produced its iterator; then iterate the stream."""
         stream: ResultStream[T] = ResultStream(asyncio.get_running_loop(), max_pending)
