@@ -430,14 +430,14 @@ class VoiceCloner:
         try:
             for piece, last in pieces:
                 s = piece.sentence
+                if piece.ends_sentence:  # reported as soon as the sentence is made, before it is read
+                    done += 1
+                    if on_progress is not None:
+                        on_progress(done, total)
                 yield Result(audio=piece.audio, sample_rate=m.output_sample_rate, text=s.norm_text, phones=s.phones,
                              index=index, sentence=s.index, is_last=last, seed=seed, tokens=piece.tokens,
                              kind=piece.kind)
                 index += 1
-                if piece.ends_sentence:
-                    done += 1
-                    if on_progress is not None:
-                        on_progress(done, total)
             if not index:
                 raise TextError("no sentence of the text could be read (no phones): check the text and text_lang")
         finally:

@@ -165,14 +165,18 @@ def chunk_tokens(steps: Iterator[int], chunk_length: int, mute_similarity: torch
 def decode_streaming(sovits, codes: torch.Tensor, text: torch.Tensor, refer: Sequence[torch.Tensor],
                      sv_emb: Sequence[torch.Tensor] | None, speed: float = 1.0, result_length: int | None = None,
                      overlap_frames: torch.Tensor | None = None, noise_scale: float = 0.5,
-                     generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                     generator: torch.Generator | None = None, ge: torch.Tensor | None = None,
+                     text_encoded: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Official ``SynthesizerTrn.decode_streaming`` (padding_length 0).
 
     codes (1, 1, N) all tokens so far; text (1, P); ``result_length`` tokens to synthesise from the
     end (None: all); ``overlap_frames`` (1, hidden, 2*ov) latent of the previous chunk's tail.
     Returns (audio (1, 1, samples), latent y_ (1, hidden, frames) before the speed change).
+    ``ge`` (the style vector of ``refer``) and ``text_encoded`` (:func:`encode_text` of ``text``) may be
+    given when they are known from an earlier chunk of the same sentence (the same numbers, computed once).
     """
-    ge = sovits.style_vector(refer, sv_emb)
+    if ge is None:
+        ge = sovits.style_vector(refer, sv_emb)
     enc = sovits.enc_p
     y_lengths = torch.tensor([codes.size(2) * 2], device=codes.device)
     text_lengths = torch.tensor([text.size(-1)], device=text.device)
@@ -187,8 +191,7 @@ def decode_streaming(sovits, codes: torch.Tensor, text: torch.Tensor, refer: Seq
     y = enc.ssl_proj(y * y_mask) * y_mask
     y = enc.encoder_ssl(y * y_mask, y_mask)
     text_mask = sequence_mask(text_lengths, text.size(1)).unsqueeze(1).to(y.dtype)
-    t = enc.text_embedding(text).transpose(1, 2)
-    t = enc.encoder_text(t * text_mask, text_mask)
+    t = text_encoded if text_encoded is not None else encode_text(sovits, text, y.dtype)
     y = enc.mrte(y, y_mask, t, text_mask, ge_enc)
     y = enc.encoder2(y * y_mask, y_mask)
     if result_length is not None:
@@ -211,12 +214,22 @@ def decode_streaming(sovits, codes: torch.Tensor, text: torch.Tensor, refer: Seq
 
 
 
+def encode_text(sovits, text: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The phones (1, P) through the text encoder of ``enc_p`` -> (1, hidden, P): the same for every chunk
+    of a sentence."""
+    enc = sovits.enc_p
+    text_mask = sequence_mask(torch.tensor([text.size(-1)], device=text.device), text.size(1)).unsqueeze(1).to(dtype)
+    t = enc.text_embedding(text).transpose(1, 2)
+    return enc.encoder_text(t * text_mask, text_mask)
+
+
 @torch.no_grad()
 def decode_streaming_batch(sovits, rows: Sequence[dict], noise_scale: float = 0.5,
                            ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """:func:`decode_streaming` for several independent streams at once (speed 1), right-padded with masks.
 
-    Each row: ``codes`` (N,) all tokens so far, ``text`` (P,), ``ge`` (1, gin, 1) its style vector,
+    Each row: ``codes`` (N,) all tokens so far, ``text`` (P,), ``text_encoded`` (1, hidden, P) and ``ge``
+    (1, gin, 1) of its sentence,
     ``result_length`` (tokens from the end, or None), ``overlap_frames`` (1, hidden, 2*ov) or None,
     ``generator``. Returns per row (audio (samples,), latent (1, hidden, frames)). The encoders are
     masked, so padding changes nothing there beyond rounding; the HiFi-GAN decoder is not, so the
@@ -234,14 +247,12 @@ def decode_streaming_batch(sovits, rows: Sequence[dict], noise_scale: float = 0.
     y_mask = sequence_mask(lengths, width).unsqueeze(1).to(y.dtype)
     text_lengths = torch.tensor([r["text"].numel() for r in rows], device=dev)
     p = int(text_lengths.max())
-    text = torch.stack([F.pad(r["text"].view(-1), (0, p - r["text"].numel())) for r in rows])  # (B, P)
     ge = torch.cat([r["ge"] for r in rows])  # (B, gin, 1)
     ge_enc = sovits.ge_to512(ge.transpose(2, 1)).transpose(2, 1) if sovits.dims.is_pro else ge
     y = enc.ssl_proj(y * y_mask) * y_mask
     y = enc.encoder_ssl(y * y_mask, y_mask)
     text_mask = sequence_mask(text_lengths, p).unsqueeze(1).to(y.dtype)
-    t = enc.text_embedding(text).transpose(1, 2)
-    t = enc.encoder_text(t * text_mask, text_mask)
+    t = torch.cat([F.pad(r["text_encoded"], (0, p - r["text_encoded"].shape[-1])) for r in rows])  # (B, hidden, P)
     y = enc.mrte(y, y_mask, t, text_mask, ge_enc)
     y = enc.encoder2(y * y_mask, y_mask)
     crops, latents = [], []
@@ -293,6 +304,7 @@ class SentenceStream:
         self.last_audio: torch.Tensor | None = None
         self.last_latent: torch.Tensor | None = None
         self._ge: torch.Tensor | None = None
+        self._text: torch.Tensor | None = None
 
     def _plan(self, tokens: Sequence[int], final: bool) -> dict:
         """The decode of one chunk: what :func:`decode_streaming` (or its batch form) needs."""
@@ -330,8 +342,16 @@ class SentenceStream:
         plan = self._plan(tokens, final)
         audio, latent = decode_streaming(
             self.sovits, plan["codes"].view(1, 1, -1), self.phones, self.refer, self.sv_emb, speed=self.speed,
-            result_length=plan["result_length"], overlap_frames=plan["overlap_frames"], generator=self.generator)
+            result_length=plan["result_length"], overlap_frames=plan["overlap_frames"], generator=self.generator,
+            ge=self.style, text_encoded=self.text_encoded)
         return self._finish(plan, audio[0, 0], latent)
+
+    @property
+    def text_encoded(self) -> torch.Tensor:
+        """The sentence's phones through the text encoder (1, hidden, P) (computed once)."""
+        if self._text is None:
+            self._text = encode_text(self.sovits, self.phones, next(self.sovits.parameters()).dtype)
+        return self._text
 
     @property
     def style(self) -> torch.Tensor:
@@ -353,6 +373,6 @@ def voice_together(streams: Sequence[SentenceStream], chunks: Sequence[tuple[Seq
     if len(streams) == 1 or any(s.speed != 1.0 or s.sovits is not streams[0].sovits for s in streams):
         return [s.voice(t, f) for s, (t, f) in zip(streams, chunks)]
     plans = [s._plan(t, f) for s, (t, f) in zip(streams, chunks)]
-    rows = [{**p, "ge": s.style} for s, p in zip(streams, plans)]
+    rows = [{**p, "ge": s.style, "text_encoded": s.text_encoded} for s, p in zip(streams, plans)]
     decoded = decode_streaming_batch(streams[0].sovits, rows)
     return [s._finish(p, audio, latent) for s, p, (audio, latent) in zip(streams, plans, decoded)]
