@@ -231,8 +231,16 @@ class Scheduler:
             row = self._n + len(rows)
             prompt = ctx.ref.prompt_semantic
             item = ctx.cloner._t2s_input(sentence, ctx.ref)
-            self._rows[row] = _Row(request, sentence, prompt)
             prefix = item.phones.shape[0] + (prompt.numel() if prompt is not None else 0)
+            if prefix + 2 > self.decoder.capacity:  # this request fails alone, before it takes a slot
+                with self._cv:
+                    self._active.discard(request)
+                request.finish(EngineError(
+                    f"sentence {sentence.index}: its phones and the reference prompt need {prefix} positions but a "
+                    f"decoding slot holds {self.decoder.capacity} (scheduler_context): shorten the sentence or the "
+                    "reference clip, or raise scheduler_context"))
+                continue
+            self._rows[row] = _Row(request, sentence, prompt)
             room = self.decoder.capacity - prefix - 1
             rules = ctx.rules
             limit = min(rules.max_steps, room)
@@ -257,6 +265,8 @@ class Scheduler:
             nxt = sentence.index + 1
             if nxt < len(request.texts):
                 request.feature(nxt)  # featurise ahead while this one decodes
+        if not rows:
+            return
         if self.decoder.device.type == "cuda":
             toks, args = self.decoder.prefill(rows, inputs, prompts, params, min_steps, keys)
         else:  # one by one: no padding, so a row's numbers do not depend on its neighbours

@@ -164,3 +164,14 @@ def test_noise_depends_only_on_key_and_step() -> None:
     assert not torch.equal(a[0], race_noise(torch.tensor([5]), torch.tensor([1]), 64)[0])
     u = torch.exp(-race_noise(torch.arange(200), torch.zeros(200, dtype=torch.long), 1025))
     assert 0.45 < float(u.mean()) < 0.55 and float(u.min()) > 0 and float(u.max()) < 1  # uniform in (0, 1)
+
+
+def test_a_sentence_too_long_for_a_slot_fails_alone() -> None:
+    studio = _studio(scheduler_slots=2, scheduler_context=64)
+    try:
+        with pytest.raises(Exception, match="scheduler_context"):
+            _run(studio, TEXTS[0], 1, True)  # the prompt alone needs more than 64 positions
+        sched = studio.scheduler(studio.cloner().models)
+        assert sched.load["requests"] == 0 and sched.load["decoding"] == 0
+    finally:
+        studio.close()
