@@ -33,3 +33,11 @@ class TextError(EngineError, ValueError):
 
 class OptionsError(EngineError, ValueError):
     """A synthesis option is out of range or inconsistent (names the option)."""
+
+
+class BusyError(EngineError, RuntimeError):
+    """Every decoding slot is taken and the wait queue is full: retry after ``retry_after`` seconds."""
+
+    def __init__(self, message: str, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after = float(retry_after)

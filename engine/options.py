@@ -209,13 +209,24 @@ class EngineSettings:
     warmup: bool = False  # run a tiny synthesis when a model set is loaded
     # "auto": FastT2S (CUDA graphs) on CUDA, else the reference loop; "fast"; "reference"; "int8": the
     # reference loop over int8 dynamically quantised linears (CPU only; reduced precision, see
-    # docs/benchmarks.md for its token agreement). Streaming requests always use the reference loop
-    # (FastT2S serves one request at a time).
+    # docs/benchmarks.md for its token agreement). Used by the official flow (scheduler=False); the scheduler
+    # decodes with its own slot pool (int8 linears apply there too).
     t2s_decoder: str = "auto"
     max_text_chars: int = 10_000  # longer request texts are refused
+    # the continuous-batching scheduler (engine.serving) runs every request of Studio; False: each request
+    # runs the official loops on its caller's thread (the official per-request RNG stream, no batching)
+    scheduler: bool = True
+    scheduler_slots: int = 0  # requests decoded at once; 0: from free device memory (CPU: 8)
+    scheduler_queue: int = 64  # requests waiting for a slot; one more is refused with BusyError (HTTP 503)
+    scheduler_context: int = 2048  # positions per slot: phones + prompt tokens + generated tokens
 
     def __post_init__(self) -> None:
-        for name in ("reference_cache_entries", "reference_cache_bytes", "model_pool_bytes", "max_text_chars"):
+        if not isinstance(self.scheduler, bool):
+            raise OptionsError(f"scheduler must be true or false, got {self.scheduler!r}")
+        if not _is_int(self.scheduler_context) or self.scheduler_context < 64:
+            raise OptionsError(f"scheduler_context must be an integer >= 64, got {self.scheduler_context!r}")
+        for name in ("reference_cache_entries", "reference_cache_bytes", "model_pool_bytes", "max_text_chars",
+                     "scheduler_slots", "scheduler_queue"):
             v = getattr(self, name)
             if not _is_int(v) or v < 0:
                 raise OptionsError(f"{name} must be a non-negative integer, got {v!r}")

@@ -50,6 +50,7 @@ from engine.options import (
 from engine.reference import ReferenceRules, read_reference, reference_features
 from engine.reference_cache import ReferenceCache, ReferenceKey, sha256_bytes
 from engine.runtime import Runtime, resolve_runtime
+from engine.serving.requests import Piece
 from engine.t2s.decoding import (
     SamplingParams,
     StopRules,
@@ -60,9 +61,9 @@ from engine.t2s.decoding import (
 
 log = logging.getLogger(__name__)
 
+MAX_SCHEDULERS = 4  # model sets with a live scheduler (each holds a KV-cache pool)
 ProgressCallback = Callable[[int, int], None]  # (sentences done, sentences in total)
 MAX_REFERENCE_FILE_BYTES = 64 << 20  # a reference file larger than this is refused before reading
-STREAM_MIN_CHUNK = 10  # official: a non-first streaming chunk shorter than this gets extra overlap
 
 
 # ---- inputs and outputs ---------------------------------------------------------------------
@@ -190,22 +191,6 @@ def _read_clip_bytes(source: str | os.PathLike | bytes, what: str) -> bytes:
     return path.read_bytes()
 
 
-def _sola_pair(f1: torch.Tensor, f2: torch.Tensor, overlap: int, search: int = 320) -> torch.Tensor:
-    """Official ``sola_algorithm`` on two fragments, including its in-place write into ``f2`` when it is
-    already float32 (``.float()`` then returns the same tensor), which the next streaming chunk sees."""
-    import torch.nn.functional as F
-
-    a, b = f1.float(), f2.float()
-    w1, w2 = a[-overlap:], b[: overlap + search]
-    corr = F.conv1d(w2.view(1, 1, -1), w1.view(1, 1, -1)).view(-1)
-    den = F.conv1d(w2.view(1, 1, -1) ** 2, torch.ones_like(w1).view(1, 1, -1)).view(-1) + 1e-8
-    lag = int((corr / den.sqrt()).argmax())
-    tail = b[lag:]
-    window = torch.hann_window(overlap * 2, device=a.device, dtype=a.dtype)
-    tail[:overlap] = window[:overlap] * tail[:overlap] + window[overlap:] * a[-overlap:]
-    return torch.cat([a[:-overlap], tail]).to(f1.dtype)
-
-
 def _with_lookahead(items: Iterator[list]) -> Iterator[tuple[list, bool]]:
     """``(item, more)`` pairs: ``more`` says whether another item follows (computed one item ahead)."""
     it = iter(items)
@@ -233,6 +218,23 @@ class _FastDecoder:
 
 
 @dataclass(frozen=True)
+class _Decoding:
+    """The T2S side of one request in the official flow."""
+
+    decoder: object  # T2SDecoder or _FastDecoder
+    params: SamplingParams
+    rules: StopRules
+    gen: torch.Generator
+
+
+def _sentence_piece(s: "_Sentence", out: T2SOutput, audio: torch.Tensor, gap: np.ndarray) -> Piece:
+    """A whole sentence's audio followed by the official fragment_interval silence."""
+    a = postprocess(audio)
+    return Piece(np.concatenate([a, gap]) if gap.size else a, s, tuple(int(t) for t in out.tokens.tolist()),
+                 "speech", True)
+
+
+@dataclass(frozen=True)
 class _Sentence:
     index: int
     phones: tuple[int, ...]
@@ -253,9 +255,10 @@ class VoiceCloner:
 
     def __init__(self, models: Models, cache: ReferenceCache | None = None,
                  reference_rules: ReferenceRules = ReferenceRules(),
-                 max_text_chars: int = EngineSettings.max_text_chars) -> None:
+                 max_text_chars: int = EngineSettings.max_text_chars, scheduler=None) -> None:
         from engine.text.frontend import TextFrontend
 
+        self.scheduler = scheduler  # engine.serving.Scheduler of these models; None: the official flow
         self.models = models
         self.cache = cache if cache is not None else ReferenceCache(max_entries=8)
         self.reference_rules = reference_rules
@@ -409,8 +412,65 @@ class VoiceCloner:
         prepared, hit = self._prepare(reference)
         log.debug("reference %s", "from cache" if hit else "prepared")
         seed = options.seed if options.seed != -1 else random.randrange(0, MAX_SEED + 1)
-        return self._run(sentences, text_lang, prepared, options, plan, seed, on_progress)
+        flow = self._serve if self.scheduler is not None else self._run
+        return flow(sentences, text_lang, prepared, options, plan, seed, on_progress)
 
+    def _sampling(self, opts: SynthesisOptions) -> tuple[SamplingParams, StopRules]:
+        m = self.models
+        params = SamplingParams(top_k=opts.top_k, top_p=float(opts.top_p), temperature=float(opts.temperature),
+                                repetition_penalty=float(opts.repetition_penalty))
+        rules = StopRules(early_stop_num=opts.early_stop_num if opts.early_stop_num is not None else m.early_stop_num)
+        return params, rules
+
+    def _results(self, pieces: Iterator[tuple[Piece, bool]], seed: int, total: int,
+                 on_progress: ProgressCallback | None) -> Iterator[Result]:
+        """Number the pieces into Results (``last`` marks the final one) and report progress per sentence."""
+        m = self.models
+        index = done = 0
+        try:
+            for piece, last in pieces:
+                s = piece.sentence
+                if piece.ends_sentence:  # reported as soon as the sentence is made, before it is read
+                    done += 1
+                    if on_progress is not None:
+                        on_progress(done, total)
+                yield Result(audio=piece.audio, sample_rate=m.output_sample_rate, text=s.norm_text, phones=s.phones,
+                             index=index, sentence=s.index, is_last=last, seed=seed, tokens=piece.tokens,
+                             kind=piece.kind)
+                index += 1
+            if not index:
+                raise TextError("no sentence of the text could be read (no phones): check the text and text_lang")
+        finally:
+            close = getattr(pieces, "close", None)
+            if close is not None:
+                close()  # a reader that stops early frees the request's state now
+
+    # ---- the scheduled flow (engine.serving) ---------------------------------------------------
+    def _serve(self, texts: list[str], lang: str, ref: PreparedReference, opts: SynthesisOptions,
+               plan: SynthesisPlan, seed: int, on_progress: ProgressCallback | None) -> Iterator[Result]:
+        """Hand the request to the scheduler (BusyError when it is full); results come as they are voiced."""
+        from engine.serving.requests import Request
+        from engine.serving.scheduler import Context
+
+        m = self.models
+        first = next((s for i, t in enumerate(texts) if (s := self._features(i, t, lang)) is not None), None)
+        if first is None:
+            raise TextError("no sentence of the text could be read (no phones): check the text and text_lang")
+        params, rules = self._sampling(opts)
+        # official: the streaming gap is counted at the output rate, the whole-sentence one at the SoVITS rate
+        gap = silence(opts.fragment_interval, m.output_sample_rate if plan.streaming else m.sovits_sample_rate)
+        ctx = Context(cloner=self, ref=ref, options=opts, plan=plan, seed=seed, params=params, rules=rules,
+                      stream=plan.streaming, gap=gap)
+        request = Request(texts, lambda i, t: self._features(i, t, lang), first, self.scheduler.text_executor, ctx)
+        self.scheduler.submit(request)
+
+        def pieces() -> Iterator[tuple[Piece, bool]]:
+            for piece in request.pieces():
+                yield piece, piece.ends_sentence and not request.has_more_after(piece.sentence.index)
+
+        return self._results(pieces(), seed, len(texts), on_progress)
+
+    # ---- the official flow: one request on its caller's thread ------------------------------------
     def _run(self, texts: list[str], lang: str, ref: PreparedReference, opts: SynthesisOptions, plan: SynthesisPlan,
              seed: int, on_progress: ProgressCallback | None) -> Iterator[Result]:
         m = self.models
@@ -419,75 +479,57 @@ class VoiceCloner:
         # streaming requests use the reference loop so that they never wait for each other.
         use_fast = m.t2s_fast is not None and not plan.streaming
         decoder = _FastDecoder(m.t2s_fast, gen) if use_fast else T2SDecoder(m.t2s, generator=gen)
-        params = SamplingParams(top_k=opts.top_k, top_p=float(opts.top_p), temperature=float(opts.temperature),
-                                repetition_penalty=float(opts.repetition_penalty))
-        rules = StopRules(early_stop_num=opts.early_stop_num if opts.early_stop_num is not None else m.early_stop_num)
-        total = len(texts)
-        counter = {"index": 0, "done": 0}
+        params, rules = self._sampling(opts)
+        flow = (self._stream_flow if plan.streaming else self._fragment_flow if plan.return_fragment
+                else self._whole_flow)
+        pieces = flow(texts, lang, ref, opts, plan, _Decoding(decoder, params, rules, gen))
+        return self._results(pieces, seed, len(texts), on_progress)
 
-        def release(audio: np.ndarray, s: _Sentence, tokens: tuple[int, ...], last: bool,
-                    kind: str = "speech") -> Result:
-            r = Result(audio=audio, sample_rate=m.output_sample_rate, text=s.norm_text, phones=s.phones,
-                       index=counter["index"], sentence=s.index, is_last=last, seed=seed, tokens=tokens, kind=kind)
-            counter["index"] += 1
-            return r
+    def _lazy_groups(self, texts: list[str], lang: str, size: int) -> Iterator[tuple[list[_Sentence], bool]]:
+        """Official streaming/fragment order: sentences featurised ``size`` at a time in text order, each
+        group with whether another follows (known once the next group is featurised)."""
+        groups = ([s for i in range(start, min(start + size, len(texts)))
+                   if (s := self._features(i, texts[i], lang)) is not None]
+                  for start in range(0, len(texts), size))
+        return _with_lookahead(g for g in groups if g)
 
-        def progress(n: int) -> None:
-            counter["done"] += n
-            if on_progress is not None:
-                on_progress(counter["done"], total)
+    def _stream_flow(self, texts: list[str], lang: str, ref: PreparedReference, opts: SynthesisOptions,
+                     plan: SynthesisPlan, d: "_Decoding") -> Iterator[tuple[Piece, bool]]:
+        for items, more in self._lazy_groups(texts, lang, opts.batch_size):
+            for k, s in enumerate(items):
+                final_sentence = not more and k == len(items) - 1
+                for audio, toks, kind, end in self._stream_sentence(s, ref, opts, d.decoder, d.params, d.rules,
+                                                                   d.gen):
+                    yield Piece(audio, s, toks, kind, end), final_sentence and end
 
-        if plan.return_fragment or plan.streaming:
-            # official: sentences grouped by batch_size in text order, featurised batch by batch
-            groups = ([s for i in range(start, min(start + opts.batch_size, total))
-                       if (s := self._features(i, texts[i], lang)) is not None]
-                      for start in range(0, total, opts.batch_size))
-            last_index = None  # known only once the last batch is featurised (see _with_lookahead)
-            batches = _with_lookahead(g for g in groups if g)
-        else:
-            feats = [s for i, t in enumerate(texts) if (s := self._features(i, t, lang)) is not None]
-            if not feats:
-                raise TextError("no sentence of the text could be read (no phones): check the text and text_lang")
-            last_index = feats[-1].index
-            buckets = bucket_batches([len(s.norm_text) for s in feats], opts.batch_size, opts.batch_threshold,
-                                     plan.split_bucket)
-            batches = (([feats[j] for j in b], True) for b in buckets)
-        pending: dict[int, tuple[np.ndarray, _Sentence, tuple[int, ...]]] = {}
-        order = [] if last_index is None else [s.index for s in feats]  # bucketed: release in text order
-        next_pos = 0
-        produced = False
-        gap = silence(opts.fragment_interval, m.sovits_sample_rate)  # official quirk: counted at the SoVITS rate
-        try:
-            for items, more in batches:
-                if plan.streaming:
-                    for k, s in enumerate(items):
-                        final_sentence = not more and k == len(items) - 1
-                        for audio, toks, kind, end in self._stream_sentence(s, ref, opts, decoder, params, rules,
-                                                                           gen):
-                            produced = True
-                            yield release(audio, s, toks, final_sentence and end, kind)
-                        progress(1)
-                    continue
-                outs = self._decode_batch(items, ref, plan, decoder, params, rules)
-                audios = self._acoustic(items, outs, ref, opts, plan, gen)
-                progress(len(items))
-                for k, (s, out, audio) in enumerate(zip(items, outs, audios)):
-                    a = postprocess(audio)
-                    entry = (np.concatenate([a, gap]) if gap.size else a, s, tuple(int(t) for t in out.tokens.tolist()))
-                    if last_index is None:  # lazy batches come in text order
-                        produced = True
-                        yield release(*entry, last=not more and k == len(items) - 1)
-                    else:
-                        pending[s.index] = entry
-                while next_pos < len(order) and order[next_pos] in pending:
-                    produced = True
-                    entry = pending.pop(order[next_pos])
-                    next_pos += 1
-                    yield release(*entry, last=entry[1].index == last_index)
-            if not produced:
-                raise TextError("no sentence of the text could be read (no phones): check the text and text_lang")
-        finally:
-            pending.clear()
+    def _fragment_flow(self, texts: list[str], lang: str, ref: PreparedReference, opts: SynthesisOptions,
+                       plan: SynthesisPlan, d: "_Decoding") -> Iterator[tuple[Piece, bool]]:
+        gap = silence(opts.fragment_interval, self.models.sovits_sample_rate)  # official quirk: the SoVITS rate
+        for items, more in self._lazy_groups(texts, lang, opts.batch_size):
+            outs = self._decode_batch(items, ref, plan, d.decoder, d.params, d.rules)
+            audios = self._acoustic(items, outs, ref, opts, plan, d.gen)
+            for k, (s, out, audio) in enumerate(zip(items, outs, audios)):
+                yield _sentence_piece(s, out, audio, gap), not more and k == len(items) - 1
+
+    def _whole_flow(self, texts: list[str], lang: str, ref: PreparedReference, opts: SynthesisOptions,
+                    plan: SynthesisPlan, d: "_Decoding") -> Iterator[tuple[Piece, bool]]:
+        """Official whole-file flow: every sentence featurised, bucketed by length, released in text order."""
+        feats = [s for i, t in enumerate(texts) if (s := self._features(i, t, lang)) is not None]
+        if not feats:
+            raise TextError("no sentence of the text could be read (no phones): check the text and text_lang")
+        buckets = bucket_batches([len(s.norm_text) for s in feats], opts.batch_size, opts.batch_threshold,
+                                 plan.split_bucket)
+        gap = silence(opts.fragment_interval, self.models.sovits_sample_rate)  # official quirk: the SoVITS rate
+        pending: dict[int, Piece] = {}
+        order = [s.index for s in feats]
+        for bucket in buckets:
+            items = [feats[j] for j in bucket]
+            outs = self._decode_batch(items, ref, plan, d.decoder, d.params, d.rules)
+            for s, out, audio in zip(items, outs, self._acoustic(items, outs, ref, opts, plan, d.gen)):
+                pending[s.index] = _sentence_piece(s, out, audio, gap)
+            while order and order[0] in pending:
+                piece = pending.pop(order.pop(0))
+                yield piece, not order
 
     # ---- stages ------------------------------------------------------------------------
     def _t2s_input(self, s: _Sentence, ref: PreparedReference) -> T2SInput:
@@ -553,57 +595,35 @@ class VoiceCloner:
     def _stream_sentence(self, s: _Sentence, ref: PreparedReference, opts: SynthesisOptions, decoder: T2SDecoder,
                          params: SamplingParams, rules: StopRules, gen: torch.Generator,
                          ) -> Iterator[tuple[np.ndarray, tuple[int, ...], str, bool]]:
-        """Official token-chunk streaming of one sentence (the streaming branch of ``TTS.run``): chunks at
-        mute tokens, decode the newest frames cross-faded with the previous latent, SOLA-join the audio.
+        """Official token-chunk streaming of one sentence (the streaming branch of ``TTS.run``): chunks at mute tokens, each voiced
+        by a :class:`SentenceStream`. Yields ``(audio, tokens, kind, ends_sentence)`` as soon as each
+        chunk is decoded."""
+        from engine.acoustic.streaming import chunk_tokens
 
-        Yields ``(audio, tokens, kind, ends_sentence)`` as soon as each chunk is decoded."""
-        from engine.acoustic.streaming import chunk_tokens, decode_streaming
-
-        m = self.models
-        dev = m.device
-        frames_per_token = 2 if m.sovits.dims.semantic_frame_rate == "25hz" else 1
-        up = math.prod(m.sovits.dims.upsample_rates) * (frames_per_token / opts.speed_factor)
-        overlap_size = math.ceil(opts.overlap_length * up)
-        phones = torch.tensor(s.phones, dtype=torch.long, device=dev).unsqueeze(0)
         steps = decoder.naive_steps(self._t2s_input(s, ref), ref.prompt_semantic, params, rules)
-        sim = None if opts.fixed_length_chunk else m.mute_similarity
-        sv = list(ref.sv) if ref.sv is not None else None
-        gap = silence(opts.fragment_interval, m.output_sample_rate)  # official: output rate here
-        previous: list[int] = []
-        last_audio = last_latent = None
-        first = True
+        sim = None if opts.fixed_length_chunk else self.models.mute_similarity
+        voice = self.sentence_stream(s.phones, ref, opts, gen)
+        gap = silence(opts.fragment_interval, self.models.output_sample_rate)  # official: output rate here
         for toks, final in chunk_tokens(steps, opts.min_chunk_length, sim):
             if toks is None:
-                if last_audio is not None:
-                    yield postprocess(last_audio[-overlap_size:]), (), "speech", not gap.size
+                tail = voice.tail()
+                if tail is not None:
+                    yield postprocess(tail), (), "speech", not gap.size
                 break
-            previous.extend(toks)
-            n = len(toks)
-            ov = opts.overlap_length
-            if not first and n < STREAM_MIN_CHUNK:  # official: a short chunk gets a longer overlap
-                ov += STREAM_MIN_CHUNK - n
-            codes = torch.tensor(previous, dtype=torch.long, device=dev).view(1, 1, -1)
-            audio, latent = decode_streaming(
-                m.sovits, codes, phones, list(ref.specs), sv, speed=opts.speed_factor,
-                result_length=None if first else n + ov,
-                overlap_frames=None if last_latent is None else last_latent[:, :, -ov * frames_per_token:],
-                generator=gen)
-            audio = audio[0, 0]
-            if ov > opts.overlap_length:
-                audio = audio[-int((opts.overlap_length + n) * up):]
-            out = audio
-            if first:
-                first = False
-                if not final:
-                    out = out[:-overlap_size]
-            elif not final:
-                joined = _sola_pair(last_audio, out, overlap_size)
-                out = joined[last_audio.shape[0] - overlap_size: -overlap_size]
-            last_latent, last_audio = latent, audio
             # with toks None next, the tail still follows: a non-final chunk never ends the sentence
-            yield postprocess(out), tuple(toks), "speech", final and not gap.size
+            yield postprocess(voice.voice(toks, final)), tuple(toks), "speech", final and not gap.size
         if gap.size:
             yield gap, (), "silence", True
+
+    def sentence_stream(self, phones: Sequence[int], ref: PreparedReference, opts: SynthesisOptions,
+                        gen: torch.Generator | None):
+        """The streaming SoVITS state of one sentence (v1/v2/v2Pro*)."""
+        from engine.acoustic.streaming import SentenceStream
+
+        m = self.models
+        return SentenceStream(m.sovits, torch.tensor(phones, dtype=torch.long, device=m.device), ref.specs,
+                              list(ref.sv) if ref.sv is not None else None, opts.speed_factor,
+                              opts.overlap_length, gen)
 
 
 # ---- the engine -----------------------------------------------------------------------------
@@ -633,6 +653,7 @@ class Studio:
         self.device_notice = ""  # set by from_config when the config's device was not available
         self._lock = threading.Lock()
         self._warmed: set[str] = set()
+        self._schedulers: dict[str, object] = {}  # Models.id -> engine.serving.Scheduler (insertion order)
 
     @classmethod
     def from_config(cls, config, device: str | None = None, precision: str | None = None,
@@ -666,7 +687,8 @@ class Studio:
         """A VoiceCloner for these weights (defaults where None), loading them if needed."""
         weights = self._defaults.replace(gpt=gpt, sovits=sovits)
         models = self.pool.models(weights, runtime or self.runtime)
-        cloner = VoiceCloner(models, self.references, self.reference_rules, self.settings.max_text_chars)
+        cloner = VoiceCloner(models, self.references, self.reference_rules, self.settings.max_text_chars,
+                             scheduler=self.scheduler(models) if self.settings.scheduler else None)
         if self.settings.warmup:
             with self._lock:
                 first = models.id not in self._warmed
@@ -684,7 +706,33 @@ class Studio:
         admission = self.memory.admit(str(self.runtime.device))
         runtime = self.runtime if admission.device == str(self.runtime.device) else resolve_runtime("cpu", "fp32")
         cloner = self.cloner(gpt, sovits, runtime)
-        return _freeing(cloner(text, text_lang, reference, options, on_progress), runtime)
+        results = cloner(text, text_lang, reference, options, on_progress)
+        return results if cloner.scheduler is not None else _freeing(results, runtime)
+
+    def scheduler(self, models: Models):
+        """The scheduler that runs every request on ``models`` (made on first use, one per model set)."""
+        from engine.serving.scheduler import Scheduler, SchedulerConfig
+
+        with self._lock:
+            sched = self._schedulers.get(models.id)
+            if sched is None or sched.models.t2s is not models.t2s:  # reloaded weights: a new scheduler
+                s = self.settings
+                sched = Scheduler(models, SchedulerConfig(slots=s.scheduler_slots, queue=s.scheduler_queue,
+                                                          context=s.scheduler_context))
+                old = self._schedulers.pop(models.id, None)
+                if old is not None:
+                    old.close()
+                self._schedulers[models.id] = sched
+                while len(self._schedulers) > MAX_SCHEDULERS:  # oldest model set first
+                    self._schedulers.pop(next(iter(self._schedulers))).close()
+            return sched
+
+    def close(self) -> None:
+        """Stop the schedulers (their running requests end with an error)."""
+        with self._lock:
+            schedulers, self._schedulers = list(self._schedulers.values()), {}
+        for sched in schedulers:
+            sched.close()
 
 
 def _freeing(results: Iterator[Result], runtime: Runtime) -> Iterator[Result]:

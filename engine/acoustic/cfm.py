@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.acoustic.mel import denorm_spec, reference_mel
+from engine.acoustic.sola import SOLA_SEARCH, sola_join  # noqa: F401 (re-exported)
 from engine.models.cfm import NoiseSource, gaussian_noise
 
 Vocoder = Callable[[torch.Tensor], torch.Tensor]
@@ -43,7 +44,6 @@ VOCODER_CONFIGS = {
     "v3": VocoderConfig(sampling_rate=24000, t_ref=468, t_chunk=934, upsample_rate=256),
     "v4": VocoderConfig(sampling_rate=48000, t_ref=500, t_chunk=1000, upsample_rate=480),
 }
-SOLA_SEARCH = 320  # samples searched for the best SOLA alignment
 
 
 @dataclass(frozen=True)
@@ -149,31 +149,6 @@ def batched_windows(feats: torch.Tensor, chunk_len: int, overlap: int) -> tuple[
             chunk = F.pad(chunk, (0, padding), "constant", 0)
         chunks.append(chunk)
     return torch.cat(chunks, 0), padding
-
-
-def sola_join(fragments: Sequence[torch.Tensor], overlap: int, search: int = SOLA_SEARCH) -> torch.Tensor:
-    """Join consecutive 1-D fragments whose ends overlap by ``overlap`` samples (official ``sola_algorithm``).
-
-    The next fragment is shifted by the lag (0..search) with the highest normalised cross-correlation,
-    then its first ``overlap`` samples are Hann-cross-faded with the previous fragment's tail.
-    """
-    if not fragments:
-        raise ValueError("sola_join needs at least one fragment")
-    dtype = fragments[0].dtype
-    out = [f.float().clone() for f in fragments]
-    for i in range(len(out) - 1):
-        f1, f2 = out[i], out[i + 1]
-        w1 = f1[-overlap:]
-        w2 = f2[: overlap + search]
-        corr = F.conv1d(w2.view(1, 1, -1), w1.view(1, 1, -1)).view(-1)
-        energy = F.conv1d(w2.view(1, 1, -1) ** 2, torch.ones_like(w1).view(1, 1, -1)).view(-1) + 1e-8
-        lag = int((corr / energy.sqrt()).argmax())
-        window = torch.hann_window(overlap * 2, device=f1.device, dtype=f1.dtype)
-        shifted = f2[lag:].clone()
-        shifted[:overlap] = window[:overlap] * shifted[:overlap] + window[overlap:] * f1[-overlap:]
-        out[i] = f1[:-overlap]
-        out[i + 1] = shifted
-    return torch.cat(out, 0).to(dtype)
 
 
 def synthesize_batched(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -21,69 +22,162 @@ CHECK_TOKEN_NUM = 2  # official check_token_num: the mute search starts this man
 SPLIT_THRESHOLD = 0.0  # official chunk_split_thershold passed by TTS.run
 
 
+class ChunkTracker:
+    """The official streaming chunker for many token streams at once (one row each, numpy state).
+
+    Tokens are pushed one step at a time for any set of rows; a row's chunk is decided one token
+    late, as the official loop decides after each step whether decoding stopped. Modes per row:
+    ``MUTE`` splits at the best pair of mute-like tokens at position >= chunk_length once
+    ``chunk_length + 2`` tokens are pending (the chunk is *all* pending tokens; only those up to the
+    split point are consumed, the rest come again in the next chunk, as officially); ``FIXED`` yields
+    every ``chunk_length`` tokens (fixed_length_chunk); ``WHOLE`` never splits (the sentence is one
+    chunk). The running best pair is kept incrementally, so a step costs a few vector operations
+    whatever the number of rows.
+    """
+
+    WHOLE, MUTE, FIXED = 0, 1, 2
+
+    def __init__(self, rows: int, capacity: int, mute_similarity: torch.Tensor | None) -> None:
+        sim = mute_similarity.detach().float().cpu().numpy() if mute_similarity is not None else None
+        self._score = None if sim is None else np.where(sim - np.float32(SPLIT_THRESHOLD) < 0, np.float32(-1),
+                                                        sim - np.float32(SPLIT_THRESHOLD)).astype(np.float32)
+        self.tokens = np.zeros((rows, capacity), dtype=np.int64)
+        self._s = np.zeros((rows, capacity), dtype=np.float32)  # score of each token (-1 below the threshold)
+        self.n = np.zeros(rows, dtype=np.int64)  # tokens pushed
+        self.ptr = np.zeros(rows, dtype=np.int64)  # official curr_ptr
+        self._best_val = np.full(rows, -np.inf, dtype=np.float32)  # best pair score in the window
+        self._best_idx = np.zeros(rows, dtype=np.int64)
+        self._pending = np.zeros(rows, dtype=bool)  # the last token awaits its check
+        self.chunk_length = np.ones(rows, dtype=np.int64)
+        self.mode = np.zeros(rows, dtype=np.int8)
+
+    def start(self, row: int, mode: int, chunk_length: int) -> None:
+        if mode == self.MUTE and self._score is None:
+            raise ValueError("mute-token chunking needs the mute similarity table")
+        self.n[row] = self.ptr[row] = 0
+        self._best_val[row] = -np.inf
+        self._pending[row] = False
+        self.mode[row], self.chunk_length[row] = mode, chunk_length
+
+    def grow(self) -> None:
+        """Double the token capacity (a tracker of streams of unknown length)."""
+        self.tokens = np.concatenate([self.tokens, np.zeros_like(self.tokens)], axis=1)
+        self._s = np.concatenate([self._s, np.zeros_like(self._s)], axis=1)
+
+    def move(self, src: int, dst: int) -> None:
+        """Move a row's state to another row (the scheduler compacts its slots)."""
+        for a in (self.tokens, self._s, self.n, self.ptr, self._best_val, self._best_idx, self._pending,
+                  self.chunk_length, self.mode):
+            a[dst] = a[src]
+
+    def push(self, rows: np.ndarray, tokens: np.ndarray) -> list[tuple[int, list[int]]]:
+        """Append one token per row; returns the chunks that became due, as ``(row, tokens)``."""
+        due = self._check(rows[self._pending[rows]])
+        j = self.n[rows]
+        self.tokens[rows, j] = tokens
+        if self._score is not None:
+            sc = self._score[tokens]
+            self._s[rows, j] = sc
+            has_pair = j - self.ptr[rows] >= 1
+            pair = self._s[rows, np.maximum(j - 1, 0)] + sc  # float32, as the official tensor
+            better = has_pair & (pair > self._best_val[rows])
+            self._best_val[rows[better]] = pair[better]
+            self._best_idx[rows[better]] = j[better] - 1
+        self.n[rows] += 1
+        self._pending[rows] = True
+        return due
+
+    def finish(self, row: int, eos: bool) -> tuple[list[tuple[int, list[int]]], list[int] | None]:
+        """The row stopped (``eos``: on an EOS step, which checks the last token): due chunks and the
+        final chunk (None when nothing is pending)."""
+        rows = np.array([row]) if eos and self._pending[row] else np.zeros(0, dtype=np.int64)
+        due = self._check(rows)
+        self._pending[row] = False
+        n, ptr = int(self.n[row]), int(self.ptr[row])
+        return due, (self.tokens[row, ptr:n].tolist() if ptr < n else None)
+
+    def _check(self, rows: np.ndarray) -> list[tuple[int, list[int]]]:
+        out: list[tuple[int, list[int]]] = []
+        if rows.size == 0:
+            return out
+        n, ptr, length, mode = self.n[rows], self.ptr[rows], self.chunk_length[rows], self.mode[rows]
+        count = n - ptr
+        fixed = rows[(mode == self.FIXED) & (count >= length)]
+        for r in fixed.tolist():
+            out.append((r, self.tokens[r, self.ptr[r]:self.n[r]].tolist()))
+            self.ptr[r] = self.n[r]
+        ready = (mode == self.MUTE) & (count >= length + CHECK_TOKEN_NUM)
+        if not ready.any():
+            return out
+        rows, n, ptr, length = rows[ready], n[ready], ptr[ready], length[ready]
+        last = self._s[rows, n - 1]
+        use_pair = self._best_val[rows] >= last  # ties go to the earlier position, as argmax does
+        best = np.where(use_pair, self._best_idx[rows] - ptr, n - 1 - ptr)
+        value = np.where(use_pair, self._best_val[rows], last)
+        for r, b in zip(rows[(value >= 0) & (best + 1 >= length)].tolist(),
+                        best[(value >= 0) & (best + 1 >= length)].tolist()):
+            out.append((r, self.tokens[r, self.ptr[r]:self.n[r]].tolist()))
+            self.ptr[r] += b + 1
+            self._rescan(r)
+        return out
+
+    def _rescan(self, row: int) -> None:
+        """The best pair of the row's window after its pointer moved."""
+        s = self._s[row, self.ptr[row]:self.n[row]]
+        if s.size < 2:
+            self._best_val[row] = -np.inf
+            return
+        pairs = s[:-1] + s[1:]
+        i = int(pairs.argmax())
+        self._best_val[row], self._best_idx[row] = pairs[i], self.ptr[row] + i
+
+
 def chunk_tokens(steps: Iterator[int], chunk_length: int, mute_similarity: torch.Tensor | None,
                  ) -> Iterator[tuple[list[int] | None, bool]]:
     """Group the kept tokens of ``T2SDecoder.naive_steps`` into the official streaming chunks.
 
-    Yields ``(tokens, is_final)``. With ``mute_similarity`` (cosine similarity of every token to the
-    mute token), once ``chunk_length + 2`` tokens are pending the split point is the best pair of
-    mute-like tokens at position >= chunk_length; the chunk yielded is *all* pending tokens and only
-    those up to the split point are consumed (the rest come again in the next chunk, as officially).
-    Without it (fixed_length_chunk), every ``chunk_length`` tokens are yielded. The final chunk is
-    ``None`` when nothing is pending.
+    Yields ``(tokens, is_final)``: the chunks of a one-row :class:`ChunkTracker` (mute-token splits
+    with ``mute_similarity``, fixed-length chunks without it), then the final chunk, ``None`` when
+    nothing is pending.
     """
-    y: list[int] = []
-    ptr = 0  # official curr_ptr, relative to the first generated token
-    counter = 0
-    stop = None
+    tracker = ChunkTracker(1, 64, mute_similarity)
+    tracker.start(0, ChunkTracker.MUTE if mute_similarity is not None else ChunkTracker.FIXED, chunk_length)
+    row = np.zeros(1, dtype=np.int64)
     it = iter(steps)
-    try:
-        tok = next(it)
-    except StopIteration as done:
-        stop = done.value
-        tok = None
-    while tok is not None:
+    while True:
         try:
-            nxt = next(it)
+            tok = next(it)
         except StopIteration as done:
-            nxt, stop = None, done.value
-        y.append(tok)
-        counter += 1
-        # the official loop checks for a chunk after every step except the one that stops decoding;
-        # a token followed by an EOS step was not on the stopping step.
-        checked = nxt is not None or (stop is not None and stop.stop == "eos")
-        if checked:
-            if mute_similarity is not None and counter >= chunk_length + CHECK_TOKEN_NUM:
-                score = mute_similarity[torch.tensor(y[ptr:])] - SPLIT_THRESHOLD
-                score[score < 0] = -1
-                score[:-1] = score[:-1] + score[1:]  # pairs of consecutive tokens
-                best = int(score.argmax())
-                if float(score[best]) >= 0 and best + 1 >= chunk_length:
-                    yield list(y[ptr:]), False
-                    counter -= best + 1
-                    ptr += best + 1
-            elif mute_similarity is None and counter >= chunk_length:
-                yield list(y[len(y) - counter:]), False
-                ptr += counter
-                counter = 0
-        tok = nxt
-    if not y and stop is not None:
-        y = [int(t) for t in stop.tokens.tolist()]  # the official "bad zero prediction" token
-    yield (list(y[ptr:]) if ptr < len(y) else None), True
+            stop = done.value
+            break
+        if tracker.n[0] == tracker.tokens.shape[1]:
+            tracker.grow()
+        for _, chunk in tracker.push(row, np.array([tok], dtype=np.int64)):
+            yield chunk, False
+    due, final = tracker.finish(0, eos=stop is not None and stop.stop == "eos")
+    for _, chunk in due:
+        yield chunk, False
+    if tracker.n[0] == 0 and stop is not None:
+        final = [int(t) for t in stop.tokens.tolist()]  # the official "bad zero prediction" token
+    yield final, True
 
 
 @torch.no_grad()
 def decode_streaming(sovits, codes: torch.Tensor, text: torch.Tensor, refer: Sequence[torch.Tensor],
                      sv_emb: Sequence[torch.Tensor] | None, speed: float = 1.0, result_length: int | None = None,
                      overlap_frames: torch.Tensor | None = None, noise_scale: float = 0.5,
-                     generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                     generator: torch.Generator | None = None, ge: torch.Tensor | None = None,
+                     text_encoded: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Official ``SynthesizerTrn.decode_streaming`` (padding_length 0).
 
     codes (1, 1, N) all tokens so far; text (1, P); ``result_length`` tokens to synthesise from the
     end (None: all); ``overlap_frames`` (1, hidden, 2*ov) latent of the previous chunk's tail.
     Returns (audio (1, 1, samples), latent y_ (1, hidden, frames) before the speed change).
+    ``ge`` (the style vector of ``refer``) and ``text_encoded`` (:func:`encode_text` of ``text``) may be
+    given when they are known from an earlier chunk of the same sentence (the same numbers, computed once).
     """
-    ge = sovits.style_vector(refer, sv_emb)
+    if ge is None:
+        ge = sovits.style_vector(refer, sv_emb)
     enc = sovits.enc_p
     y_lengths = torch.tensor([codes.size(2) * 2], device=codes.device)
     text_lengths = torch.tensor([text.size(-1)], device=text.device)
@@ -98,8 +192,7 @@ def decode_streaming(sovits, codes: torch.Tensor, text: torch.Tensor, refer: Seq
     y = enc.ssl_proj(y * y_mask) * y_mask
     y = enc.encoder_ssl(y * y_mask, y_mask)
     text_mask = sequence_mask(text_lengths, text.size(1)).unsqueeze(1).to(y.dtype)
-    t = enc.text_embedding(text).transpose(1, 2)
-    t = enc.encoder_text(t * text_mask, text_mask)
+    t = text_encoded if text_encoded is not None else encode_text(sovits, text, y.dtype)
     y = enc.mrte(y, y_mask, t, text_mask, ge_enc)
     y = enc.encoder2(y * y_mask, y_mask)
     if result_length is not None:
@@ -119,3 +212,169 @@ def decode_streaming(sovits, codes: torch.Tensor, text: torch.Tensor, refer: Seq
     z_p = m_p + noise * torch.exp(logs_p) * noise_scale
     z = sovits.flow.reverse(z_p, y_mask, g=ge)
     return sovits.dec(z * y_mask, g=ge), latent
+
+
+
+def encode_text(sovits, text: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The phones (1, P) through the text encoder of ``enc_p`` -> (1, hidden, P): the same for every chunk
+    of a sentence."""
+    enc = sovits.enc_p
+    text_mask = sequence_mask(torch.tensor([text.size(-1)], device=text.device), text.size(1)).unsqueeze(1).to(dtype)
+    t = enc.text_embedding(text).transpose(1, 2)
+    return enc.encoder_text(t * text_mask, text_mask)
+
+
+@torch.no_grad()
+def decode_streaming_batch(sovits, rows: Sequence[dict], noise_scale: float = 0.5,
+                           ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """:func:`decode_streaming` for several independent streams at once (speed 1), right-padded with masks.
+
+    Each row: ``codes`` (N,) all tokens so far, ``text`` (P,), ``ge`` (1, gin, 1) of its sentence,
+    ``result_length`` (tokens from the end, or None), ``overlap_frames`` (1, hidden, 2*ov) or None,
+    ``generator``. Returns per row (audio (samples,), latent (1, hidden, frames)). The encoders are
+    masked, so padding changes nothing there beyond rounding; the HiFi-GAN decoder is not, so the
+    last samples of a padded row may differ slightly from a decode of that row alone.
+    """
+    enc = sovits.enc_p
+    dev = rows[0]["codes"].device
+    frame = 2 if sovits.dims.semantic_frame_rate == "25hz" else 1
+    quantized = [sovits.quantizer.decode(r["codes"].view(1, 1, -1)) for r in rows]  # (1, 768, N)
+    if frame == 2:
+        quantized = [F.interpolate(q, size=int(q.shape[-1] * 2), mode="nearest") for q in quantized]
+    lengths = torch.tensor([r["codes"].numel() * 2 for r in rows], device=dev)
+    width = max(q.shape[-1] for q in quantized)
+    y = torch.cat([F.pad(q, (0, width - q.shape[-1])) for q in quantized])  # (B, 768, T)
+    y_mask = sequence_mask(lengths, width).unsqueeze(1).to(y.dtype)
+    text_lengths = torch.tensor([r["text"].numel() for r in rows], device=dev)
+    p = int(text_lengths.max())
+    ge = torch.cat([r["ge"] for r in rows])  # (B, gin, 1)
+    ge_enc = sovits.ge_to512(ge.transpose(2, 1)).transpose(2, 1) if sovits.dims.is_pro else ge
+    y = enc.ssl_proj(y * y_mask) * y_mask
+    y = enc.encoder_ssl(y * y_mask, y_mask)
+    text = torch.stack([F.pad(r["text"].view(-1), (0, p - r["text"].numel())) for r in rows])  # (B, P)
+    text_mask = sequence_mask(text_lengths, p).unsqueeze(1).to(y.dtype)
+    t = enc.text_embedding(text).transpose(1, 2)  # one batched text encoder (faster than per-row caches here)
+    t = enc.encoder_text(t * text_mask, text_mask)
+    y = enc.mrte(y, y_mask, t, text_mask, ge_enc)
+    y = enc.encoder2(y * y_mask, y_mask)
+    crops, latents = [], []
+    for i, r in enumerate(rows):  # the newest frames of each row, cross-faded with its previous latent
+        end = int(lengths[i]) if frame == 2 else y.shape[-1]
+        keep = end if r["result_length"] is None else frame * r["result_length"]
+        c = y[i : i + 1, :, end - keep : end].clone()
+        if r["overlap_frames"] is not None:
+            ov = r["overlap_frames"].shape[-1]
+            window = torch.sin(torch.arange(ov * 2, device=dev) * math.pi / (ov * 2)).to(c.dtype)
+            c[:, :, :ov] = window[:ov].view(1, 1, -1) * c[:, :, :ov] + window[ov:].view(1, 1, -1) * r["overlap_frames"]
+        crops.append(c)
+        latents.append(c)
+    out_lengths = torch.tensor([c.shape[-1] for c in crops], device=dev)
+    width = int(out_lengths.max())
+    y = torch.cat([F.pad(c, (0, width - c.shape[-1])) for c in crops])
+    mask = sequence_mask(out_lengths, width).unsqueeze(1).to(y.dtype)
+    stats = enc.proj(y) * mask
+    m_p, logs_p = torch.split(stats, enc.out_channels, dim=1)
+    noise = torch.cat([F.pad(torch.randn((1, m_p.shape[1], c.shape[-1]), generator=r["generator"], device=dev,
+                                         dtype=m_p.dtype), (0, width - c.shape[-1])) for r, c in zip(rows, crops)])
+    z_p = m_p + noise * torch.exp(logs_p) * noise_scale
+    z = sovits.flow.reverse(z_p, mask, g=ge)
+    audio = sovits.dec(z * mask, g=ge)[:, 0]  # (B, width * up)
+    up = audio.shape[-1] // width
+    return [(audio[i, : int(out_lengths[i]) * up], latents[i]) for i in range(len(rows))]
+
+STREAM_MIN_CHUNK = 10  # official: a non-first streaming chunk shorter than this gets extra overlap
+
+
+class SentenceStream:
+    """The SoVITS side of one sentence's token-chunk streaming (spec §9.6): each chunk decodes the
+    newest frames cross-faded with the previous chunk's latent, and the audio is SOLA-joined.
+
+    Feed the chunks in order with :meth:`voice`; after the final chunk (or a final ``None`` chunk,
+    then :meth:`tail`) the sentence's audio is complete. Holds only this sentence's state.
+    """
+
+    def __init__(self, sovits, phones: torch.Tensor, refer: Sequence[torch.Tensor],
+                 sv_emb: Sequence[torch.Tensor] | None, speed: float, overlap_length: int,
+                 generator: torch.Generator | None) -> None:
+        self.sovits, self.refer, self.sv_emb, self.speed = sovits, list(refer), sv_emb, speed
+        self.phones = phones.view(1, -1)  # (1, P)
+        self.overlap_length, self.generator = overlap_length, generator
+        self.frames_per_token = 2 if sovits.dims.semantic_frame_rate == "25hz" else 1
+        self.up = math.prod(sovits.dims.upsample_rates) * (self.frames_per_token / speed)  # samples per token
+        self.overlap_size = math.ceil(overlap_length * self.up)
+        self.previous: list[int] = []
+        self.last_audio: torch.Tensor | None = None
+        self.last_latent: torch.Tensor | None = None
+        self._ge: torch.Tensor | None = None
+        self._text: torch.Tensor | None = None
+
+    def _plan(self, tokens: Sequence[int], final: bool) -> dict:
+        """The decode of one chunk: what :func:`decode_streaming` (or its batch form) needs."""
+        first = self.last_audio is None
+        self.previous.extend(tokens)
+        n = len(tokens)
+        ov = self.overlap_length
+        if not first and n < STREAM_MIN_CHUNK:  # official: a short chunk gets a longer overlap
+            ov += STREAM_MIN_CHUNK - n
+        dev = self.phones.device
+        return {"codes": torch.tensor(self.previous, dtype=torch.long, device=dev), "text": self.phones,
+                "result_length": None if first else n + ov, "generator": self.generator,
+                "overlap_frames": None if self.last_latent is None else self.last_latent[:, :, -ov * self.frames_per_token:],
+                "n": n, "ov": ov, "first": first, "final": final}
+
+    def _finish(self, plan: dict, audio: torch.Tensor, latent: torch.Tensor) -> torch.Tensor:
+        """Crop and SOLA-join one decoded chunk (audio (samples,)) -> the audio ready to play."""
+        from engine.acoustic.sola import sola_pair
+
+        if plan["ov"] > self.overlap_length:
+            audio = audio[-int((self.overlap_length + plan["n"]) * self.up):]
+        out = audio
+        if plan["first"]:
+            if not plan["final"]:
+                out = out[:-self.overlap_size]
+        elif not plan["final"]:
+            joined = sola_pair(self.last_audio, out, self.overlap_size)
+            out = joined[self.last_audio.shape[0] - self.overlap_size: -self.overlap_size]
+        self.last_latent, self.last_audio = latent, audio
+        return out
+
+    @torch.no_grad()
+    def voice(self, tokens: Sequence[int], final: bool) -> torch.Tensor:
+        """The audio (samples,) of one chunk, ready to play."""
+        plan = self._plan(tokens, final)
+        audio, latent = decode_streaming(
+            self.sovits, plan["codes"].view(1, 1, -1), self.phones, self.refer, self.sv_emb, speed=self.speed,
+            result_length=plan["result_length"], overlap_frames=plan["overlap_frames"], generator=self.generator,
+            ge=self.style, text_encoded=self.text_encoded)
+        return self._finish(plan, audio[0, 0], latent)
+
+    @property
+    def text_encoded(self) -> torch.Tensor:
+        """The sentence's phones through the text encoder (1, hidden, P) (computed once)."""
+        if self._text is None:
+            self._text = encode_text(self.sovits, self.phones, next(self.sovits.parameters()).dtype)
+        return self._text
+
+    @property
+    def style(self) -> torch.Tensor:
+        """The style vector ge (1, gin, 1) of this sentence's reference (computed once)."""
+        if self._ge is None:
+            self._ge = self.sovits.style_vector(self.refer, self.sv_emb)
+        return self._ge
+
+    def tail(self) -> torch.Tensor | None:
+        """After a final ``None`` chunk: the held-back end of the last chunk (None if nothing was voiced)."""
+        return None if self.last_audio is None else self.last_audio[-self.overlap_size:]
+
+
+@torch.no_grad()
+def voice_together(streams: Sequence[SentenceStream], chunks: Sequence[tuple[Sequence[int], bool]],
+                   ) -> list[torch.Tensor]:
+    """One chunk for each of several different sentence streams, decoded in one batch where they share
+    a model and speed 1 (else one by one). Returns each stream's audio, as :meth:`SentenceStream.voice`."""
+    if len(streams) == 1 or any(s.speed != 1.0 or s.sovits is not streams[0].sovits for s in streams):
+        return [s.voice(t, f) for s, (t, f) in zip(streams, chunks)]
+    plans = [s._plan(t, f) for s, (t, f) in zip(streams, chunks)]
+    rows = [{**p, "ge": s.style} for s, p in zip(streams, plans)]
+    decoded = decode_streaming_batch(streams[0].sovits, rows)
+    return [s._finish(p, audio, latent) for s, p, (audio, latent) in zip(streams, plans, decoded)]

@@ -122,6 +122,26 @@ def race_sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch
     return torch.argmax(probs / q, dim=-1, keepdim=True)
 
 
+def prefix_lm_mask(text_lengths: torch.Tensor, total_lengths: torch.Tensor, width: int,
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The prefix-LM attention mask of left-padded rows: ``(mask (B, W, W), key_ok (B, W))``, True = may attend.
+
+    Row b holds padding, then its ``text_lengths[b]`` text positions, then its semantic positions, up to
+    ``total_lengths[b]`` real positions ending at ``width``. Text queries see the row's text; semantic
+    queries see the text and the semantic positions up to their own; padding keys are never seen
+    (``key_ok``); padding queries see the row's text (no empty softmax row).
+    """
+    dev = total_lengths.device
+    start = (width - total_lengths).view(-1, 1, 1)  # (B, 1, 1) first real position
+    text_end = start + text_lengths.view(-1, 1, 1).to(dev)
+    q = torch.arange(width, device=dev).view(1, -1, 1)
+    k = torch.arange(width, device=dev).view(1, 1, -1)
+    text_key = k < text_end
+    mask = ((k <= q) | text_key) & ~((q < text_end) & ~text_key) & (k >= start)  # (B, W, W)
+    key_ok = torch.arange(width, device=dev).view(1, -1) >= start.view(-1, 1)  # (B, W)
+    return mask, key_ok
+
+
 class KVCache:
     """Per-layer keys and values ``(B, H, capacity, head_dim)``, grown in blocks."""
 
@@ -218,13 +238,9 @@ class T2SDecoder:
             xy = x
         prefix_len = y.shape[1]
         s = xy.shape[1]
-        # prefix-LM mask (True = may attend): text rows see the text; semantic rows see the text
-        # and the semantic positions up to their own.
-        mask = torch.ones(s, s, dtype=torch.bool, device=self.device).tril_()
-        mask[:, :tx] = True
-        mask[:tx, tx:] = False
+        mask, _ = prefix_lm_mask(torch.tensor([tx], device=self.device), torch.tensor([s], device=self.device), s)
         cache = KVCache(len(self.model.layers))
-        h = self._forward(xy, cache, mask.view(1, 1, s, s))
+        h = self._forward(xy, cache, mask.unsqueeze(1))
         stop, step = "max_steps", 0
         for step in range(rules.max_steps):
             if step:
@@ -281,12 +297,7 @@ class T2SDecoder:
         xy = torch.cat([x, self.model.embed_audio(y)], dim=1)  # (B, S, D)
         s = xy.shape[1]
         lengths = torch.tensor([p.shape[0] for p in prefixes], device=self.device)
-        key_ok = torch.ones(bsz, s, dtype=torch.bool, device=self.device)
-        key_ok[:, :tx] = torch.arange(tx, device=self.device) >= (tx - lengths).unsqueeze(1)  # padding blocked
-        causal = torch.ones(s, s, dtype=torch.bool, device=self.device).tril_()
-        causal[:, :tx] = True
-        causal[:tx, tx:] = False
-        mask = causal.unsqueeze(0) & key_ok.unsqueeze(1)  # (B, S, S); padded rows still see real text
+        mask, key_ok = prefix_lm_mask(lengths, lengths + prefix_len, s)  # (B, S, S), (B, S)
         cache = KVCache(len(self.model.layers))
         h = self._forward(xy, cache, mask.unsqueeze(1))
         rows = list(range(bsz))  # batch row -> item index

@@ -27,7 +27,13 @@ import torch
 import torch.nn.functional as F
 
 from engine.models.t2s import Text2SemanticModel
-from engine.t2s.decoding import SamplingParams, StopRules, T2SInput, T2SOutput
+from engine.t2s.decoding import (
+    SamplingParams,
+    StopRules,
+    T2SInput,
+    T2SOutput,
+    prefix_lm_mask,
+)
 from engine.t2s.kernels import choose_attention
 
 NEG_INF = float("-inf")
@@ -44,6 +50,38 @@ def _drain(gen: Generator) -> object:
 
 def _bucket(n: int, step: int = 256) -> int:
     return ((n + step - 1) // step) * step
+
+
+def fused_layers(tk, model: Text2SemanticModel, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 valid: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """x (B, D) -> (B, D) through every block with the Triton kernels (``tk``).
+
+    k, v: (L, B, H, cap, hd) caches (``k[i]`` contiguous); valid (B, cap) keys each row may attend;
+    pos (1,) the cache position of the new input, written by the attention kernel. Each block's
+    second residual add + LayerNorm is folded into the next block's QKV projection (the GEMV
+    prologue); the last one runs on its own.
+    """
+    small = x.shape[0] <= tk.MAX_GEMV_ROWS
+
+    def linear(inp, lin_w, lin_b, relu=False, residual=None, norm=None):
+        if small:
+            return tk.gemv(inp, lin_w, lin_b, relu, residual, norm)
+        if norm is not None:
+            inp = tk.add_layer_norm(inp, residual, norm)
+        out = torch._addmm_activation(lin_b, inp, lin_w.t()) if relu else F.linear(inp, lin_w, lin_b)
+        return out, inp
+
+    pending: tuple[torch.Tensor, torch.nn.LayerNorm] | None = None  # (residual, norm) owed by x
+    for i, layer in enumerate(model.layers):
+        attn_mod = layer.self_attn
+        qkv, x = linear(x, attn_mod.in_proj_weight, attn_mod.in_proj_bias,
+                        residual=pending[0] if pending else None, norm=pending[1] if pending else None)
+        attn = tk.decode_attention(qkv, k[i], v[i], valid, pos)  # (B, D)
+        h, _ = linear(attn, attn_mod.out_proj.weight, attn_mod.out_proj.bias)
+        hidden, x = linear(h, layer.linear1.weight, layer.linear1.bias, relu=True, residual=x, norm=layer.norm1)
+        f, _ = linear(hidden, layer.linear2.weight, layer.linear2.bias)
+        x, pending = f, (x, layer.norm2)
+    return tk.add_layer_norm(x, pending[0], pending[1])
 
 
 @dataclass
@@ -145,7 +183,6 @@ class FastT2S:
 
     def _decode_step(self, st: _State) -> None:
         """One token for every row, reading and writing only the state's buffers."""
-        b = st.token.shape[0]
         m = self.model
         x = m.ar_audio_embedding(st.token)  # (B, 1, D)
         pe = m.ar_audio_position.pe.index_select(0, st.audio_pos).to(x.dtype)  # (1, D)
@@ -162,34 +199,7 @@ class FastT2S:
         st.step += 1
 
     def _fused_layers(self, st: _State, x: torch.Tensor) -> torch.Tensor:
-        """x (B, D) -> (B, D) through every block with the Triton kernels.
-
-        Each block's second residual add + LayerNorm is folded into the next block's QKV
-        projection (the GEMV prologue); the last one runs on its own.
-        """
-        tk, b = self._tk, x.shape[0]
-        valid = st.valid.view(b, -1)
-        small = b <= tk.MAX_GEMV_ROWS
-
-        def linear(inp, lin_w, lin_b, relu=False, residual=None, norm=None):
-            if small:
-                return tk.gemv(inp, lin_w, lin_b, relu, residual, norm)
-            if norm is not None:
-                inp = tk.add_layer_norm(inp, residual, norm)
-            out = torch._addmm_activation(lin_b, inp, lin_w.t()) if relu else F.linear(inp, lin_w, lin_b)
-            return out, inp
-
-        pending: tuple[torch.Tensor, torch.nn.LayerNorm] | None = None  # (residual, norm) owed by x
-        for i, layer in enumerate(self.model.layers):
-            attn_mod = layer.self_attn
-            qkv, x = linear(x, attn_mod.in_proj_weight, attn_mod.in_proj_bias,
-                            residual=pending[0] if pending else None, norm=pending[1] if pending else None)
-            attn = tk.decode_attention(qkv, st.k[i], st.v[i], valid, st.pos)  # (B, D)
-            h, _ = linear(attn, attn_mod.out_proj.weight, attn_mod.out_proj.bias)
-            hidden, x = linear(h, layer.linear1.weight, layer.linear1.bias, relu=True, residual=x, norm=layer.norm1)
-            f, _ = linear(hidden, layer.linear2.weight, layer.linear2.bias)
-            x, pending = f, (x, layer.norm2)
-        return tk.add_layer_norm(x, pending[0], pending[1])
+        return fused_layers(self._tk, self.model, x, st.k, st.v, st.valid.view(x.shape[0], -1), st.pos)
 
     def _torch_layers(self, st: _State, x: torch.Tensor) -> torch.Tensor:
         """x (B, 1, D) -> (B, 1, D) through every block with stock PyTorch operators.
@@ -299,12 +309,8 @@ class FastT2S:
         limit = rules.max_steps if rules.early_stop_num == -1 else min(rules.max_steps, rules.early_stop_num + 2)
         cap = _bucket(s + limit)
         lengths = torch.tensor([p.shape[0] for p in prefixes], device=dev)
-        key_ok = torch.ones(bsz, s, dtype=torch.bool, device=dev)
-        key_ok[:, :tx] = torch.arange(tx, device=dev) >= (tx - lengths).unsqueeze(1)
-        causal = torch.ones(s, s, dtype=torch.bool, device=dev).tril_()
-        causal[:, :tx] = True
-        causal[:tx, tx:] = False
-        mask = (causal.unsqueeze(0) & key_ok.unsqueeze(1)).unsqueeze(1)
+        mask, key_ok = prefix_lm_mask(lengths, lengths + prefix_len, s)
+        mask = mask.unsqueeze(1)  # (B, 1, S, S)
         with self._lock:
             st, graph = self._state_for(bsz, cap, params)
             st.k.zero_()

@@ -1,8 +1,11 @@
-"""Blocking synthesis off the event loop: a bounded queue in front of a fixed pool of worker threads.
+"""Blocking calls off the event loop: each admitted request gets a thread that waits on the engine.
 
-Responsibilities: (1) admit at most ``workers + max_queue`` jobs (the rest get :class:`ServerBusyError`
-at once, never an unbounded backlog); (2) run each job on a worker thread and hand its outcome, or
-its results one by one for streaming, back to the asyncio side with backpressure and cancellation.
+The model work itself is not done here: every synthesis goes through the engine's scheduler
+(``engine.serving``), which batches all requests of a model set; these threads only wait for its
+results. Responsibilities: (1) admit at most ``workers + max_queue`` requests at once (the rest get
+:class:`ServerBusyError`, i.e. ``engine.errors.BusyError``, at once; the scheduler has its own bound
+too), all of them in flight together; (2) hand each job's outcome, or its results one by one for
+streaming, back to the asyncio side with backpressure and cancellation.
 A cancelled stream (client gone) stops its producer at the next result and closes its iterator, so
 the pipeline's ``finally`` blocks free what the request took.
 """
@@ -15,26 +18,27 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Generic, TypeVar
 
-from engine.errors import EngineError
+from engine.errors import BusyError
 
 T = TypeVar("T")
 _END = object()
 
 
-class ServerBusyError(EngineError, RuntimeError):
-    """Every worker is busy and the queue is full: retry later."""
+ServerBusyError = BusyError  # the name the HTTP layer knows (503 with Retry-After)
 
 
 class SynthesisRunner:
-    """A fixed pool of worker threads with a bounded admission count. ``queue_length`` is the number
-    of admitted jobs not yet started; ``running`` the number being computed."""
+    """Threads for at most ``workers + max_queue`` admitted jobs, all running at once (they wait on the
+    engine's scheduler, which does the batching). ``queue_length`` is the number of admitted jobs not
+    yet started; ``running`` the number in flight."""
 
     def __init__(self, workers: int, max_queue: int,
                  on_start: Callable[[], None] | None = None, on_end: Callable[[], None] | None = None) -> None:
         if workers < 1 or max_queue < 0:
             raise ValueError("workers must be >= 1 and max_queue >= 0")
         self.workers, self.max_queue = workers, max_queue
-        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="synthesis")
+        # every admitted request runs at once: its thread only waits on the scheduler
+        self._executor = ThreadPoolExecutor(max_workers=workers + max_queue, thread_name_prefix="synthesis")
         self._slots = threading.BoundedSemaphore(workers + max_queue)
         self._lock = threading.Lock()
         self._waiting = 0
@@ -84,7 +88,7 @@ class SynthesisRunner:
         """Run a blocking call on a worker and await its result (exceptions propagate)."""
         return await asyncio.wrap_future(self.submit(fn, *args))
 
-    async def stream(self, start: Callable[[], Iterator[T]], max_pending: int = 8) -> "ResultStream[T]":
+    async def stream(self, start: Callable[[], Iterator[T]], max_pending: int = 8) -> ResultStream[T]:
         """Start ``start()`` on a worker. Returns once it has either raised (the error propagates here,
         before any response is sent) or produced its iterator; then iterate the stream."""
         stream: ResultStream[T] = ResultStream(asyncio.get_running_loop(), max_pending)

@@ -17,11 +17,12 @@ def test_admission_is_bounded_and_slots_come_back() -> None:
     runner = SynthesisRunner(workers=1, max_queue=1)
     gate = threading.Event()
     first = runner.submit(gate.wait)
-    second = runner.submit(lambda: "queued")
+    second = runner.submit(lambda: gate.wait() and "queued")
     time.sleep(0.05)
-    assert runner.running == 1 and runner.queue_length == 1
-    with pytest.raises(ServerBusyError, match="busy"):
+    assert runner.running == 2 and runner.queue_length == 0  # all admitted jobs wait on the engine at once
+    with pytest.raises(ServerBusyError, match="busy") as busy:
         runner.submit(lambda: None)
+    assert busy.value.retry_after > 0
     gate.set()
     assert first.result(5) is True and second.result(5) == "queued"
     assert runner.submit(lambda: 42).result(5) == 42  # the slots were released

@@ -1,0 +1,501 @@
+"""The continuous-batching scheduler: all model work of one model set on one device.
+
+Responsibilities: (1) T2S: requests' sentences take slots of a :class:`SlotDecoder`, join between
+decode steps (their prefixes prefilled together) and leave the moment they stop or their reader
+goes away; each step decodes every occupied slot at once; (2) the acoustic stage: token chunks
+(streaming) or whole sentences go to a worker thread (its own CUDA stream) that voices them while
+the decode loop goes on, so a decode step never waits for SoVITS; (3) admission: a bounded number
+of requests wait for a slot, beyond that :class:`BusyError`.
+
+Randomness per request (see :mod:`engine.serving.sampling`): T2S noise is keyed by (seed, sentence,
+step); the SoVITS/CFM noise of a sentence comes from a generator seeded by (seed, sentence). So a
+request's output does not depend on what else runs, and in float32 it is the same alone or not.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import queue
+import threading
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from engine.acoustic.streaming import ChunkTracker
+from engine.errors import BusyError, EngineError
+from engine.serving.requests import Piece, Request
+from engine.serving.sampling import stream_key
+from engine.serving.slots import SlotDecoder
+from engine.t2s.decoding import SamplingParams, StopRules, T2SOutput
+
+log = logging.getLogger(__name__)
+
+PREFILL_TOKENS = 8192  # most prefix positions (rows x width) prefilled in one go
+CPU_SLOTS = 8
+MAX_CUDA_SLOTS = 2048
+MAX_ACOUSTIC_BATCH = 128  # streaming chunks decoded together (CUDA)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Sizes of one scheduler (``EngineSettings`` holds the user's choices; 0 = automatic)."""
+
+    slots: int = 0  # decoding slots (requests decoded at once); 0: from free device memory (CPU: 8)
+    queue: int = 64  # requests waiting for a slot; one more gets BusyError
+    context: int = 2048  # positions per slot: prefix (phones + prompt tokens) + generated tokens
+    memory_fraction: float = 0.5  # auto slots: this share of the free device memory goes to the KV cache
+
+
+@dataclass
+class Context:
+    """What the scheduler needs of a request beyond its sentences (made by the VoiceCloner)."""
+
+    cloner: Any  # engine.pipeline.VoiceCloner
+    ref: Any  # PreparedReference
+    options: Any  # SynthesisOptions
+    plan: Any  # SynthesisPlan
+    seed: int
+    params: SamplingParams
+    rules: StopRules
+    stream: bool  # token-chunk streaming (else whole sentences)
+    gap: np.ndarray  # silence after each sentence
+
+
+@dataclass
+class _Row:
+    request: Request
+    sentence: Any  # _Sentence
+    prompt: torch.Tensor | None
+    voice: Any = None  # SentenceStream (streaming)
+    generator: torch.Generator | None = None
+
+
+def auto_slots(model: torch.nn.Module, context: int, fraction: float) -> int:
+    p = next(model.parameters())
+    if p.device.type != "cuda":
+        return CPU_SLOTS
+    d = model.dims
+    per_slot = 2 * d.n_layer * context * d.hidden_dim * p.element_size()
+    free, _ = torch.cuda.mem_get_info(p.device)
+    return max(1, min(MAX_CUDA_SLOTS, int(free * fraction) // per_slot))
+
+
+class Scheduler:
+    """Owns the decoding of one model set on one device; see the module docstring."""
+
+    def __init__(self, models, config: SchedulerConfig = SchedulerConfig()) -> None:
+        self.models, self.config = models, config
+        slots = config.slots or auto_slots(models.t2s, config.context, config.memory_fraction)
+        self.slots = slots
+        self.decoder = SlotDecoder(models.t2s, slots, config.context)
+        self.tracker = ChunkTracker(slots, config.context, models.mute_similarity)
+        self.eos = models.t2s.dims.eos
+        self._rows: list[_Row | None] = [None] * slots
+        self._n = 0  # rows [0, n) are occupied
+        self._idx = np.zeros(slots, dtype=np.int64)  # official step index of each row's next sample
+        self._limit = np.zeros(slots, dtype=np.int64)  # last allowed step index + 1
+        self._early = np.full(slots, -1, dtype=np.int64)  # early_stop_num (-1: off)
+        self._length = np.zeros(slots, dtype=np.int64)  # positions a row attends (prefix + tokens)
+        self._arrivals: deque[tuple[Request, Any]] = deque()
+        self._active: set[Request] = set()  # admitted, T2S not finished
+        self._cancelled: set[Request] = set()
+        self._cv = threading.Condition()
+        self._text = ThreadPoolExecutor(max_workers=1, thread_name_prefix="text")
+        self._acoustic: queue.SimpleQueue = queue.SimpleQueue()
+        self._closed = False
+        self._durations: deque[float] = deque(maxlen=64)
+        self._threads: list[threading.Thread] = []
+        # float32 on the CPU voices chunk by chunk, so a request's audio is exactly what it is alone
+        self.batch_acoustic = models.device.type == "cuda"
+        self.steps = 0  # decode steps run (for benchmarks)
+        self.tokens = 0  # tokens decoded
+        self.t2s_seconds = 0.0  # time in decode steps (host and device)
+        self.acoustic_seconds = 0.0  # time in acoustic rounds
+        self.acoustic_rounds = 0
+        self.acoustic_chunks = 0
+        # (submit -> first token chunk due, due -> its audio ready) seconds of recent requests
+        self.first_chunk_parts: deque[tuple[float, float]] = deque(maxlen=4096)
+
+    # ---- public ---------------------------------------------------------------------------------
+    def submit(self, request: Request) -> None:
+        """Admit a request (its first sentence is featurised) or raise BusyError."""
+        with self._cv:
+            if self._closed:
+                raise EngineError("the scheduler is shut down")
+            if len(self._active) >= self.slots + self.config.queue:
+                wait = max(1.0, float(np.mean(self._durations))) if self._durations else 1.0
+                raise BusyError(f"the server is busy: all {self.slots} decoding slots are taken and "
+                                f"{self.config.queue} requests are waiting; retry in {wait:.0f} s", retry_after=wait)
+            request.on_cancel = self._on_cancel
+            request.on_first_voiced = self._first_voiced
+            self._active.add(request)
+            self._arrivals.append((request, request.first))
+            self._start()
+            self._cv.notify_all()
+
+    @property
+    def text_executor(self) -> ThreadPoolExecutor:
+        """Where requests featurise their later sentences (off the decode loop)."""
+        return self._text
+
+    @property
+    def load(self) -> dict[str, int]:
+        return {"slots": self.slots, "decoding": self._n, "waiting": len(self._arrivals),
+                "requests": len(self._active)}
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        self._acoustic.put(None)
+        for t in self._threads:
+            t.join(timeout=5)
+        self._text.shutdown(wait=False, cancel_futures=True)
+
+    # ---- threads --------------------------------------------------------------------------------
+    def _start(self) -> None:
+        if self._threads:
+            return
+        for name, target in (("t2s-loop", self._loop), ("acoustic", self._acoustic_loop)):
+            t = threading.Thread(target=target, name=name, daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def _first_voiced(self, request: Request) -> None:
+        due = request.first_due if request.first_due is not None else request.first_voiced
+        self.first_chunk_parts.append((due - request.started, request.first_voiced - due))
+
+    def _on_cancel(self, request: Request) -> None:
+        with self._cv:
+            self._cancelled.add(request)
+            self._cv.notify_all()
+
+    def _loop(self) -> None:
+        if self.models.device.type == "cuda":  # decode steps go first on the GPU; vocoding fills the gaps
+            with torch.cuda.stream(torch.cuda.Stream(self.models.device, priority=-1)):
+                self._decode_loop()
+        else:
+            self._decode_loop()
+
+    def _decode_loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._closed and not self._n and not self._arrivals and not self._cancelled:
+                    self._cv.wait()
+                if self._closed:
+                    break
+                cancelled, self._cancelled = self._cancelled, set()
+                arrivals = self._take_arrivals()
+            try:
+                self._drop(cancelled)
+                if arrivals:
+                    self._prefill(arrivals)
+                if self._n:
+                    t0 = time.perf_counter()
+                    self._decode_step()
+                    self.t2s_seconds += time.perf_counter() - t0
+            except Exception as e:
+                log.exception("decode step failed")
+                self._fail_all(e)
+        self._fail_all(EngineError("the scheduler was shut down"))
+
+    def _take_arrivals(self) -> list[tuple[Request, Any]]:
+        free = self.slots - self._n
+        out: list[tuple[Request, Any]] = []
+        width = 0
+        while self._arrivals and len(out) < free:
+            request, sentence = self._arrivals[0]
+            if request.cancelled:
+                self._arrivals.popleft()
+                continue
+            ref = request.context.ref
+            w = len(sentence.phones) + len(ref.prompt_phones) + (
+                ref.prompt_semantic.numel() if ref.prompt_semantic is not None else 0)
+            if out and (len(out) + 1) * max(width, w) > PREFILL_TOKENS:
+                break
+            width = max(width, w)
+            out.append(self._arrivals.popleft())
+        return out
+
+    # ---- T2S ------------------------------------------------------------------------------------
+    def _prefill(self, arrivals: list[tuple[Request, Any]]) -> None:
+        rows, inputs, prompts, params, min_steps, keys = [], [], [], [], [], []
+        for request, sentence in arrivals:
+            ctx: Context = request.context
+            row = self._n + len(rows)
+            prompt = ctx.ref.prompt_semantic
+            item = ctx.cloner._t2s_input(sentence, ctx.ref)
+            prefix = item.phones.shape[0] + (prompt.numel() if prompt is not None else 0)
+            if prefix + 2 > self.decoder.capacity:  # this request fails alone, before it takes a slot
+                with self._cv:
+                    self._active.discard(request)
+                request.finish(EngineError(
+                    f"sentence {sentence.index}: its phones and the reference prompt need {prefix} positions but a "
+                    f"decoding slot holds {self.decoder.capacity} (scheduler_context): shorten the sentence or the "
+                    "reference clip, or raise scheduler_context"))
+                continue
+            self._rows[row] = _Row(request, sentence, prompt)
+            room = self.decoder.capacity - prefix - 1
+            rules = ctx.rules
+            limit = min(rules.max_steps, room)
+            if limit < rules.max_steps and (rules.early_stop_num == -1 or rules.early_stop_num + 1 > limit):
+                log.warning("sentence %d: at most %d tokens fit a slot (context %d); it may be cut short",
+                            sentence.index, limit, self.decoder.capacity)
+            self._idx[row], self._limit[row], self._early[row] = 0, limit, rules.early_stop_num
+            self._length[row] = prefix
+            mode = (ChunkTracker.WHOLE if not ctx.stream else
+                    ChunkTracker.FIXED if ctx.options.fixed_length_chunk else ChunkTracker.MUTE)
+            self.tracker.start(row, mode, ctx.options.min_chunk_length)
+            rows.append(row)
+            inputs.append(item)
+            prompts.append(prompt)
+            params.append(ctx.params)
+            min_steps.append(rules.min_steps)
+            keys.append(stream_key(ctx.seed, sentence.index))
+            if ctx.stream:
+                gen = torch.Generator(device=self.models.device).manual_seed(stream_key(ctx.seed, sentence.index))
+                self._rows[row].generator = gen
+                self._rows[row].voice = ctx.cloner.sentence_stream(sentence.phones, ctx.ref, ctx.options, gen)
+            nxt = sentence.index + 1
+            if nxt < len(request.texts):
+                request.feature(nxt)  # featurise ahead while this one decodes
+        if not rows:
+            return
+        if self.decoder.device.type == "cuda":
+            toks, args = self.decoder.prefill(rows, inputs, prompts, params, min_steps, keys)
+        else:  # one by one: no padding, so a row's numbers do not depend on its neighbours
+            out = [self.decoder.prefill([r], [i], [p], [s], [m], [k])
+                   for r, i, p, s, m, k in zip(rows, inputs, prompts, params, min_steps, keys)]
+            toks, args = np.concatenate([o[0] for o in out]), np.concatenate([o[1] for o in out])
+        self._n += len(rows)
+        self._absorb(np.array(rows, dtype=np.int64), toks, args)
+
+    def _decode_step(self) -> None:
+        n = self._n
+        self.decoder.window = int(math.ceil((self._length[:n].max() + 2) / 64) * 64)
+        toks, args = self.decoder.step(n)
+        self.steps += 1
+        self._absorb(np.arange(n, dtype=np.int64), toks, args)
+
+    def _absorb(self, rows: np.ndarray, toks: np.ndarray, args: np.ndarray) -> None:
+        """Apply the official stop rules to one sampled token per row; hand out due chunks; free stopped rows."""
+        self.tokens += rows.size
+        idx = self._idx[rows]
+        eos = (toks == self.eos) | (args == self.eos)
+        early = (self._early[rows] != -1) & (idx + 1 > self._early[rows])
+        capped = idx >= self._limit[rows] - 1
+        keep = ~eos
+        for row, chunk in self.tracker.push(rows[keep], toks[keep]):
+            self._voice(row, chunk, final=False)
+        self._idx[rows] += 1
+        self._length[rows] += 1
+        ended = eos | early | capped
+        freed = []
+        for row, is_eos, is_early, step in zip(rows[ended].tolist(), eos[ended].tolist(), early[ended].tolist(),
+                                               idx[ended].tolist()):
+            self._end_row(row, "eos" if is_eos else "early_stop" if is_early else "max_steps", step)
+            freed.append(row)
+        if freed:
+            self._compact(freed)
+
+    def _end_row(self, row: int, stop: str, step: int) -> None:
+        r = self._rows[row]
+        due, final = self.tracker.finish(row, eos=stop == "eos")
+        for _, chunk in due:
+            self._voice(row, chunk, final=False)
+        kept = self.tracker.tokens[row, : self.tracker.n[row]].tolist()
+        out = naive_output(r.prompt, kept, step, stop)
+        if r.request.context.stream:
+            if not kept:
+                final = [int(t) for t in out.tokens.tolist()]  # the official "bad zero prediction"
+            self._voice(row, final, final=True)
+        else:
+            self._acoustic.put(("whole", r.request, r.sentence, out, None))
+        request, sentence = r.request, r.sentence
+        self._rows[row] = None
+        request.next_sentence(sentence.index, lambda s, e: self._sentence_ready(request, s, e))
+
+    def _voice(self, row: int, chunk: list[int] | None, final: bool) -> None:
+        r = self._rows[row]
+        if r.request.first_due is None:
+            r.request.first_due = time.monotonic()
+        self._acoustic.put(("chunk", r.request, r.sentence, (chunk, final), r.voice))
+
+    def _sentence_ready(self, request: Request, sentence: Any, error: BaseException | None) -> None:
+        """The request's next sentence is featurised (None: the request has no more T2S work)."""
+        with self._cv:
+            if sentence is not None and not request.cancelled:
+                self._arrivals.appendleft((request, sentence))  # a running request goes first
+                self._cv.notify_all()
+                return
+            self._active.discard(request)
+            self._durations.append(time.monotonic() - request.started)
+        self._acoustic.put(("end", request, None, error, None))
+
+    def _compact(self, freed: list[int]) -> None:
+        """Keep the occupied rows at [0, n): move the highest rows down into the holes."""
+        holes = sorted(freed)
+        for h in holes:
+            self.decoder.clear(h)
+        while holes:
+            top = self._n - 1
+            if self._rows[top] is None:
+                self._n -= 1
+                if holes and holes[-1] == top:
+                    holes.pop()
+                continue
+            h = holes.pop(0)
+            if h >= top:
+                continue
+            self.decoder.move(top, h)
+            self.tracker.move(top, h)
+            for a in (self._idx, self._limit, self._early, self._length):
+                a[h] = a[top]
+            self._rows[h], self._rows[top] = self._rows[top], None
+            self._n -= 1
+        while self._n and self._rows[self._n - 1] is None:
+            self._n -= 1
+
+    def _drop(self, cancelled: set[Request]) -> None:
+        if not cancelled:
+            return
+        rows = [i for i in range(self._n) if self._rows[i] is not None and self._rows[i].request in cancelled]
+        for i in rows:
+            self._rows[i] = None
+        if rows:
+            self._compact(rows)
+        with self._cv:
+            for request in cancelled:
+                self._active.discard(request)
+
+    def _fail_all(self, error: BaseException) -> None:
+        requests = {r.request for r in self._rows[: self._n] if r is not None}
+        with self._cv:
+            requests |= {req for req, _ in self._arrivals}
+            self._arrivals.clear()
+            for request in requests:
+                self._active.discard(request)
+        for i in range(self._n):
+            self._rows[i] = None
+            self.decoder.clear(i)
+        self._n = 0
+        for request in requests:
+            request.finish(error)
+
+    # ---- acoustic stage -------------------------------------------------------------------------
+    def _acoustic_loop(self) -> None:
+        """Voice the jobs in rounds: each round takes the oldest job of every request (a request's jobs
+        stay in order); on CUDA its streaming chunks are decoded as one batch."""
+        stream = torch.cuda.Stream(self.models.device) if self.models.device.type == "cuda" else None
+        pending: deque = deque()
+        while True:
+            if not pending:
+                pending.append(self._acoustic.get())
+            while True:
+                try:
+                    pending.append(self._acoustic.get_nowait())
+                except queue.Empty:
+                    break
+            if any(job is None for job in pending):
+                return
+            taken, pending = _round(pending)
+            t0 = time.perf_counter()
+            if stream is not None:
+                with torch.cuda.stream(stream):
+                    self._acoustic_round(taken)
+                stream.synchronize()
+            else:
+                self._acoustic_round(taken)
+            self.acoustic_seconds += time.perf_counter() - t0
+            self.acoustic_rounds += 1
+            self.acoustic_chunks += len(taken)
+
+    def _acoustic_round(self, jobs: list) -> None:
+        live = []
+        for job in jobs:
+            kind, request, _, payload, _ = job
+            if kind == "end":
+                request.finish(payload)
+            elif not (request.cancelled or request.finished):
+                live.append(job)
+        chunks = [j for j in live if j[0] == "chunk" and j[3][0] is not None]
+        if self.batch_acoustic and len(chunks) > 1:
+            from engine.acoustic.streaming import voice_together
+
+            try:
+                with torch.inference_mode():
+                    audios = voice_together([j[4] for j in chunks], [j[3] for j in chunks])
+            except Exception as e:
+                log.exception("acoustic stage failed")
+                for j in chunks:
+                    j[1].finish(e)
+                    j[1].cancel()
+                audios = None
+            if audios is not None:
+                for (_, request, sentence, (toks, final), _), audio in zip(chunks, audios):
+                    self._put_chunk(request, sentence, toks, final, audio)
+            live = [j for j in live if j not in chunks]
+        for kind, request, sentence, payload, voice in live:
+            try:
+                self._run_acoustic(kind, request, sentence, payload, voice)
+            except Exception as e:
+                log.exception("acoustic stage failed")
+                request.finish(e)
+                request.cancel()
+
+    def _put_chunk(self, request: Request, sentence: Any, toks: list[int] | None, final: bool,
+                   audio: torch.Tensor | None) -> None:
+        from engine.pipeline import postprocess
+
+        ctx: Context = request.context
+        ends = final and not ctx.gap.size
+        if audio is not None:
+            request.put(Piece(postprocess(audio), sentence, tuple(toks or ()), "speech", ends))
+        if final and ctx.gap.size:
+            request.put(Piece(ctx.gap, sentence, (), "silence", True))
+
+    @torch.inference_mode()
+    def _run_acoustic(self, kind: str, request: Request, sentence: Any, payload: Any, voice: Any) -> None:
+        from engine.pipeline import postprocess
+
+        ctx: Context = request.context
+        if kind == "chunk":
+            toks, final = payload
+            self._put_chunk(request, sentence, toks, final, voice.tail() if toks is None else voice.voice(toks, final))
+            return
+        out: T2SOutput = payload
+        gen = torch.Generator(device=self.models.device).manual_seed(stream_key(ctx.seed, sentence.index))
+        audio = ctx.cloner._acoustic([sentence], [out], ctx.ref, ctx.options, ctx.plan, gen)[0]
+        a = postprocess(audio)
+        a = np.concatenate([a, ctx.gap]) if ctx.gap.size else a
+        request.put(Piece(a, sentence, tuple(int(t) for t in out.tokens.tolist()), "speech", True))
+
+
+def _round(pending: deque) -> tuple[list, deque]:
+    """The jobs of one acoustic round: the oldest job of each request (a request's jobs stay in order),
+    at most MAX_ACOUSTIC_BATCH, requests still waiting for their first audio first; and the rest."""
+    eligible, seen = [], set()
+    for i, job in enumerate(pending):
+        if id(job[1]) not in seen:
+            seen.add(id(job[1]))
+            eligible.append(i)
+    eligible.sort(key=lambda i: pending[i][1].first_voiced is not None)  # stable: oldest first otherwise
+    chosen = set(eligible[:MAX_ACOUSTIC_BATCH])
+    taken = [job for i, job in enumerate(pending) if i in chosen]
+    return taken, deque(job for i, job in enumerate(pending) if i not in chosen)
+
+
+def naive_output(prompt: torch.Tensor | None, kept: list[int], step: int, stop: str) -> T2SOutput:
+    """The official naive loop's result for a row: ``kept`` tokens (EOS excluded), stopped at ``step``."""
+    head = prompt.detach().long().view(-1).cpu() if prompt is not None else torch.zeros(0, dtype=torch.long)
+    seq = torch.cat([head, torch.tensor(kept, dtype=torch.long)])
+    if seq.numel() == 0:
+        seq = torch.zeros(1, dtype=torch.long)  # official "bad zero prediction"
+    steps = 0 if prompt is None else step
+    return T2SOutput(tokens=seq if steps == 0 else seq[-steps:], steps=steps, stop=stop, sequence=seq)

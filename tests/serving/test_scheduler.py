@@ -1,0 +1,177 @@
+"""The continuous-batching scheduler on the CPU (tiny random v2 weights, float32): a request's tokens and
+audio do not depend on who shares the batch, a closed request frees its slot within a step, admission
+is bounded, rows join and leave mid-decode, and sampling parameters apply per row."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+import tests.support.synth as sup
+from engine.errors import BusyError
+from engine.options import EngineSettings, SynthesisOptions
+from engine.pipeline import Reference, Studio, VoiceCloner, join
+from engine.reference_cache import ReferenceCache
+from engine.serving.sampling import RowParams, race_noise, sample_rows
+from engine.t2s.decoding import SamplingParams, filter_logits, penalize_repeats
+
+TEXTS = ["The quick brown fox jumps over the lazy dog. It was a bright cold day.",
+         "Hello there, how are you today?", "One two three four five six seven."]
+
+
+def _reference() -> Reference:
+    return Reference(sup.wav_bytes(sup.clip()), sup.REF_TEXT, "en")
+
+
+def _studio(**settings) -> Studio:
+    shared = sup.studio("v2")
+    return Studio(shared.default_weights, shared.runtime, EngineSettings(**settings), pool=shared.pool)
+
+
+def _run(studio: Studio, text: str, seed: int, stream: bool, **options):
+    opts = SynthesisOptions(streaming_mode=stream, seed=seed, text_split_method="cut5", early_stop_num=80, **options)
+    results = list(studio.synthesize(text, "en", _reference(), opts))
+    return [r.tokens for r in results], join(results)[1], results
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_request_is_the_same_alone_and_beside_others(stream) -> None:
+    studio = _studio(scheduler_slots=4)
+    try:
+        alone = [_run(studio, t, 7 + i, stream, top_k=20, temperature=0.8 + 0.1 * i) for i, t in enumerate(TEXTS)]
+        together: list = [None] * len(TEXTS)
+
+        def work(i: int) -> None:
+            together[i] = _run(studio, TEXTS[i], 7 + i, stream, top_k=20, temperature=0.8 + 0.1 * i)
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(len(TEXTS))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for (tokens_a, audio_a, results), (tokens_b, audio_b, _) in zip(alone, together):
+            assert tokens_a == tokens_b
+            assert np.array_equal(audio_a, audio_b)
+            assert results[-1].is_last and not any(r.is_last for r in results[:-1])
+            assert [r.index for r in results] == list(range(len(results)))
+    finally:
+        studio.close()
+
+
+def test_greedy_tokens_match_the_reference_decoder() -> None:
+    """top_k=1 leaves no randomness: the slot decoder must give the official naive loop's tokens."""
+    studio = _studio(scheduler_slots=2)
+    try:
+        opts = SynthesisOptions(top_k=1, parallel_infer=False, text_split_method="cut5", early_stop_num=60, seed=3)
+        served = list(studio.synthesize(TEXTS[0], "en", _reference(), opts))
+        official = VoiceCloner(studio.cloner().models, ReferenceCache())
+        reference = list(official(TEXTS[0], "en", _reference(), opts))
+        assert [r.tokens for r in served] == [r.tokens for r in reference]
+        assert len(served) == len(reference) >= 2
+    finally:
+        studio.close()
+
+
+def test_closing_the_results_frees_the_slot_within_one_step() -> None:
+    studio = _studio(scheduler_slots=2)
+    try:
+        sched = studio.scheduler(studio.cloner().models)
+        opts = SynthesisOptions(streaming_mode=True, seed=1, early_stop_num=1000, min_chunk_length=4)
+        results = studio.synthesize(" ".join(TEXTS * 3), "en", _reference(), opts)
+        next(results)
+        assert sched.load["decoding"] == 1
+        steps = sched.steps
+        results.close()
+        for _ in range(200):
+            if sched.load["decoding"] == 0 and sched.load["requests"] == 0:
+                break
+            threading.Event().wait(0.01)
+        assert sched.load == {"slots": 2, "decoding": 0, "waiting": 0, "requests": 0}
+        assert sched.steps - steps <= 1
+    finally:
+        studio.close()
+
+
+def test_admission_waits_in_a_bounded_queue_then_refuses() -> None:
+    studio = _studio(scheduler_slots=1, scheduler_queue=1)
+    try:
+        sched = studio.scheduler(studio.cloner().models)
+        opts = SynthesisOptions(seed=1, early_stop_num=20)
+        with sched._cv:  # hold the decode loop still: nothing leaves while we fill the pool and the queue
+            first = studio.synthesize(TEXTS[1], "en", _reference(), opts)
+            second = studio.synthesize(TEXTS[2], "en", _reference(), opts)
+            with pytest.raises(BusyError, match="busy") as busy:
+                studio.synthesize(TEXTS[0], "en", _reference(), opts)
+            assert busy.value.retry_after > 0
+        assert join(first)[1].size and join(second)[1].size  # the admitted ones complete
+        assert join(studio.synthesize(TEXTS[1], "en", _reference(), opts))[1].size  # and there is room again
+    finally:
+        studio.close()
+
+
+def test_requests_join_and_leave_mid_decode() -> None:
+    studio = _studio(scheduler_slots=3)
+    try:
+        alone_long = _run(studio, TEXTS[0], 5, True)
+        alone_short = _run(studio, TEXTS[1], 6, True)
+        opts = SynthesisOptions(streaming_mode=True, seed=5, text_split_method="cut5", early_stop_num=80)
+        long_iter = studio.synthesize(TEXTS[0], "en", _reference(), opts)
+        got = [next(long_iter)]  # the long request is decoding; the short one joins now and leaves first
+        short = _run(studio, TEXTS[1], 6, True)
+        got += list(long_iter)
+        assert [r.tokens for r in got] == alone_long[0] and np.array_equal(join(got)[1], alone_long[1])
+        assert short[0] == alone_short[0] and np.array_equal(short[1], alone_short[1])
+    finally:
+        studio.close()
+
+
+def test_sampling_parameters_apply_per_row() -> None:
+    torch.manual_seed(0)
+    vocab, rows = 40, 5
+    logits = torch.randn(rows, vocab) * 3
+    seen = torch.rand(rows, vocab) < 0.2
+    settings = [SamplingParams(top_k=k, top_p=p, temperature=t, repetition_penalty=r)
+                for k, p, t, r in [(1, 1.0, 1.0, 1.0), (5, 1.0, 0.7, 1.35), (15, 0.8, 1.0, 1.35),
+                                   (40, 0.5, 2.0, 2.0), (3, 0.9, 0.0, 1.0)]]
+    params = RowParams(
+        top_k=torch.tensor([s.top_k for s in settings]), top_p=torch.tensor([s.top_p for s in settings]),
+        temperature=torch.tensor([s.temperature for s in settings]),
+        penalty=torch.tensor([s.repetition_penalty for s in settings]),
+        min_steps=torch.tensor([0, 0, 0, 100, 0]), key=torch.tensor([11, 12, 13, 14, 15]))
+    steps = torch.tensor([3, 3, 4, 5, 6])
+    tokens, _ = sample_rows(logits, seen, steps, params)
+    noise = race_noise(params.key, steps, vocab)
+    for r, s in enumerate(settings):  # the oracle: the reference decoder's filters, row by row
+        row = logits[r : r + 1]
+        if r == 3:  # EOS banned before min_steps
+            row = row.clone()
+            row[:, -1] = float("-inf")
+        history = seen[r].nonzero().view(1, -1)
+        probs = torch.softmax(filter_logits(penalize_repeats(row, history, s.repetition_penalty), s), dim=-1)
+        assert int(tokens[r]) == int(torch.argmax(probs[0] / noise[r]))
+        alone, _ = sample_rows(logits[r : r + 1], seen[r : r + 1], steps[r : r + 1], params.rows(5).select(r))
+        assert int(alone[0]) == int(tokens[r])  # the same alone as in the batch
+    assert int(tokens[0]) == int(torch.argmax(torch.where(seen[0], logits[0], logits[0])))  # top_k 1: greedy
+
+
+def test_noise_depends_only_on_key_and_step() -> None:
+    a = race_noise(torch.tensor([5, 6]), torch.tensor([0, 9]), 64)
+    b = race_noise(torch.tensor([6, 7, 5]), torch.tensor([9, 1, 0]), 64)
+    assert torch.equal(a[0], b[2]) and torch.equal(a[1], b[0])
+    assert not torch.equal(a[0], race_noise(torch.tensor([5]), torch.tensor([1]), 64)[0])
+    u = torch.exp(-race_noise(torch.arange(200), torch.zeros(200, dtype=torch.long), 1025))
+    assert 0.45 < float(u.mean()) < 0.55 and float(u.min()) > 0 and float(u.max()) < 1  # uniform in (0, 1)
+
+
+def test_a_sentence_too_long_for_a_slot_fails_alone() -> None:
+    studio = _studio(scheduler_slots=2, scheduler_context=64)
+    try:
+        with pytest.raises(Exception, match="scheduler_context"):
+            _run(studio, TEXTS[0], 1, True)  # the prompt alone needs more than 64 positions
+        sched = studio.scheduler(studio.cloner().models)
+        assert sched.load["requests"] == 0 and sched.load["decoding"] == 0
+    finally:
+        studio.close()
