@@ -286,7 +286,7 @@ STREAM_MIN_CHUNK = 10  # official: a non-first streaming chunk shorter than this
 
 
 class SentenceStream:
-    """The SoVITS side of one sentence's token-chunk streaming (spec §9.6): each chunk decodes the
+    """The SoVITS side of one sentence's token-chunk streaming (the streaming branch of the official TTS.run): each chunk decodes the
     newest frames cross-faded with the previous chunk's latent, and the audio is SOLA-joined.
 
     Feed the chunks in order with :meth:`voice`; after the final chunk (or a final ``None`` chunk,
