@@ -71,10 +71,10 @@ def build_ui(studio, config=None, catalog: ModelCatalog | None = None, settings:
     ``pool`` (an ``studio.http.runner.SynthesisRunner``) runs the syntheses; pass the HTTP API's so
     that page and API share one bounded set of workers. Default: a pool of one worker for this page.
     """
-    from studio.http.context import ServerSettings
+    from studio.http.limits import ServerLimits
     from studio.http.runner import SynthesisRunner
 
-    pool = pool or SynthesisRunner(ServerSettings.workers, ServerSettings.max_queue)
+    pool = pool or SynthesisRunner(ServerLimits.workers, ServerLimits.max_queue)
     weights = studio.default_weights
     catalog = catalog or ModelCatalog(weights.base_dir)
     missing = handlers.missing_weights(config, weights) if config is not None else {}

@@ -23,8 +23,9 @@ def run(args: argparse.Namespace) -> int:
     import logging
 
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-    from studio.cli.bootstrap import MIB, build_studio, load_engine_config
+    from studio.cli.bootstrap import build_studio, load_engine_config
     from studio.http.context import ServerSettings
+    from studio.http.limits import limits_from_args
     from webui.app import UISettings
     from webui.models_list import ModelCatalog
     from webui.server import create_webui_app, parse_auth
@@ -37,9 +38,7 @@ def run(args: argparse.Namespace) -> int:
     roots = tuple(str(d) for d in catalog.folders)
     studio = build_studio(config, args, weight_roots=roots)
     notice = studio.device_notice[:1].upper() + studio.device_notice[1:]
-    server_settings = ServerSettings(weight_roots=roots, profiles_dir=args.profiles_dir, max_queue=args.max_queue,
-                                     max_upload_bytes=int(args.max_upload_mb * MIB), workers=args.workers,
-                                     max_tokens_per_sentence=args.max_tokens_per_sentence)
+    server_settings = ServerSettings(weight_roots=roots, profiles_dir=args.profiles_dir, limits=limits_from_args(args))
     ui = UISettings(max_tokens_per_sentence=args.max_tokens_per_sentence, notice=notice)
     print("listing weight files...", file=sys.stderr)
     app = create_webui_app(studio, config, ui, server_settings, auth, concurrency=args.workers,
@@ -48,10 +47,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(app, host: str, port: int, share: bool, protected: bool) -> int:
-    import uvicorn
+    import signal
 
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                           timeout_graceful_shutdown=5))  # open page streams do not block Ctrl+C
+    from studio.http.lifecycle import DrainingServer, uvicorn_config
+
+    ctx = app.state.context
+    server = DrainingServer(uvicorn_config(app, host, port, ctx.limits, log_level="warning"), ctx)
+    signal.signal(signal.SIGTERM, lambda *_: server.request_exit())  # uvicorn runs in a thread: no handlers of its own
     thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
     thread.start()
     while not server.started:
@@ -68,8 +70,8 @@ def _run(app, host: str, port: int, share: bool, protected: bool) -> int:
         while thread.is_alive():
             thread.join(0.5)
     except KeyboardInterrupt:
-        server.should_exit = True
-        thread.join(10)
+        server.request_exit()
+        thread.join(ctx.limits.shutdown_grace_s + 5)
     return 0
 
 
