@@ -88,6 +88,12 @@ class SynthesisOptions:
         if self.early_stop_num is not None and (not _is_int(self.early_stop_num) or self.early_stop_num < 1):
             raise OptionsError(f"early_stop_num must be a positive integer or None, got {self.early_stop_num!r}",
                                field="early_stop_num")
+        if self.streaming_mode and self.min_chunk_length < self.overlap_length:
+            # The official code neither checks nor clamps this: its first chunk (min_chunk_length tokens, or
+            # a few more when cut at a mute token) is then shorter than the SOLA overlap of the next one, and
+            # TTS.run fails after the stream began (an empty WAV).
+            raise OptionsError(f"min_chunk_length ({self.min_chunk_length}) must be at least overlap_length "
+                               f"({self.overlap_length}) when streaming token chunks", field="min_chunk_length")
 
     def _int(self, name: str, lo: int, hi: int) -> None:
         v = getattr(self, name)

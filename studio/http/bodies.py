@@ -60,12 +60,17 @@ def is_form(request) -> bool:
 async def read_form(request, max_files: int, max_fields: int):
     """The parsed form (close it when done); OptionsError for a malformed body, too many parts or a
     text field that is not UTF-8."""
+    from starlette.exceptions import HTTPException
     from starlette.formparsers import MultiPartException
 
     try:
         form = await request.form(max_files=max_files, max_fields=max_fields)
-    except MultiPartException as e:  # starlette's own limits: its message is ours to pass on
+    except MultiPartException as e:  # starlette's own limits and checks: plain sentences of its own
         raise OptionsError(str(e), field=BODY) from None
+    except HTTPException as e:  # the same, as starlette reports them inside an app
+        if e.status_code != 400:
+            raise
+        raise OptionsError(str(e.detail), field=BODY) from None
     except (ValueError, KeyError, AssertionError) as e:  # python-multipart's parse errors, bad encodings
         raise OptionsError(f"malformed form data ({_kind(e)}); send multipart/form-data with a boundary",
                            field=BODY) from None
