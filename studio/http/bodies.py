@@ -28,6 +28,9 @@ def parse_json(raw: bytes, max_depth: int) -> dict[str, Any]:
         raise OptionsError("not UTF-8 text; send JSON encoded as UTF-8", field=BODY) from None
     except json.JSONDecodeError as e:
         raise OptionsError(f"not valid JSON ({e.msg} at line {e.lineno} column {e.colno})", field=BODY) from None
+    except ValueError:  # e.g. an integer of more digits than Python converts
+        raise OptionsError("not valid JSON (a value is out of range: a number with too many digits?)",
+                           field=BODY) from None
     if _depth(data) > max_depth:
         raise OptionsError(f"JSON nested deeper than {max_depth} levels", field=BODY)
     if not isinstance(data, dict):

@@ -99,7 +99,7 @@ class ServerContext:
         if not self.reference_roots:
             raise OptionsError("server-side reference paths are disabled here; upload the clip (multipart "
                                "field ref_audio) or use a saved voice", field=field_name)
-        if "\x00" not in value:
+        try:
             given = Path(value)
             candidates = [given] if given.is_absolute() else [*(r / given for r in self.reference_roots),
                                                               Path.cwd() / given]
@@ -107,17 +107,25 @@ class ServerContext:
                 resolved = candidate.resolve()
                 if any(resolved == r or r in resolved.parents for r in self.reference_roots) and resolved.is_file():
                     return resolved
-        raise PathRefused(f"{value!r} is not a file in the server's reference folders", field=field_name)
+        except (OSError, ValueError):  # a NUL, a name too long for the file system...: refused like the rest
+            pass
+        raise PathRefused(f"{shown(value)} is not a file in the server's reference folders", field=field_name)
 
     def weight_path(self, value: Any, field_name: str) -> Path:
         """A weight file inside the allowed weight folders; one message for every refusal."""
         from engine.loading.model_pool import WeightPathError, check_weight_path
 
         try:
-            return check_weight_path(value, self.weight_roots, field_name)
-        except WeightPathError:
-            raise PathRefused(f"{str(value)!r} is not a weight file in the server's weight folders",
-                              field=field_name) from None
+            if "\x00" not in str(value):
+                return check_weight_path(value, self.weight_roots, field_name)
+        except (WeightPathError, OSError, ValueError):
+            pass
+        raise PathRefused(f"{shown(str(value))} is not a weight file in the server's weight folders", field=field_name)
+
+
+def shown(value: str, limit: int = 120) -> str:
+    """A client's value quoted for a message, cut to ``limit`` characters."""
+    return repr(value if len(value) <= limit else value[:limit] + "...")
 
 
 def default_weight_roots(studio: "Studio") -> tuple[str, ...]:

@@ -71,9 +71,11 @@ def server(studio, tree, refs, tmp_path_factory):
     from studio.http.context import ServerSettings
 
     root, _ = tree
+    from studio.http.limits import ServerLimits
+
+    limits = ServerLimits(max_upload_bytes=1 << 20, workers=4, max_queue=32, max_tokens_per_sentence=MAX_TOKENS)
     settings = ServerSettings(reference_roots=(str(refs),), weight_roots=(str(root / "GPT_SoVITS"),),
-                              profiles_dir=str(tmp_path_factory.mktemp("voices")), max_upload_bytes=1 << 20,
-                              workers=4, max_queue=32, max_tokens_per_sentence=MAX_TOKENS)
+                              profiles_dir=str(tmp_path_factory.mktemp("voices")), limits=limits)
     app = create_app(studio, settings)
     with running_server(app) as url:
         yield url

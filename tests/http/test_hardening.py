@@ -157,6 +157,7 @@ def test_deep_json_malformed_forms_and_bad_encodings_are_400_naming_the_body(tmp
         ("/tts", {"content": b"\x00\x01--" * 50, "headers": {"content-type": "multipart/form-data; boundary=--"}}),
         ("/v1/voices", {"content": b"--b\r\nbroken", "headers": {"content-type": "multipart/form-data; boundary=b"}}),
         ("/tts", {"content": "text=%FF%FE".encode(), "headers": {"content-type": "application/x-www-form-urlencoded"}}),
+        ("/tts", {"content": b'{"top_k": ' + b"9" * 5000 + b"}", "headers": {"content-type": "application/json"}}),
     ]
 
     async def calls(c):
@@ -414,7 +415,8 @@ def test_web_ui_logins_guard_the_api_and_401s_are_counted(tmp_path, refs) -> Non
 def test_paths_outside_the_folders_read_the_same_whether_they_exist_or_not(tmp_path, refs) -> None:
     app = make_app(ScriptedStudio(tmp_path), refs)
 
-    paths = (str(tmp_path / "secret.wav"), str(tmp_path / "nothing.wav"), "/etc/passwd", "/etc/nope", "../secret.wav")
+    paths = (str(tmp_path / "secret.wav"), str(tmp_path / "nothing.wav"), "/etc/passwd", "/etc/nope", "../secret.wav",
+             "a\x00b.wav", "x" * 100)  # NUL and a name too long for the file system: refused alike, not a 500
 
     async def calls(c):
         return [await c.post("/tts", json=tts_body(ref_audio_path=p)) for p in paths]
@@ -423,6 +425,13 @@ def test_paths_outside_the_folders_read_the_same_whether_they_exist_or_not(tmp_p
     messages = {r.json()["message"].replace(repr(p), "PATH") for r, p in zip(answers, paths)}
     assert all(r.status_code == 400 for r in answers)
     assert messages == {"ref_audio_path: PATH is not a file in the server's reference folders"}  # 60d1d93: two kinds
+
+    async def long_and_nul(c):
+        return [await c.post("/tts", json=tts_body(ref_audio_path="y" * 5000)),
+                await c.get("/set_gpt_weights", params={"weights_path": "a\x00b"}),
+                await c.get("/set_gpt_weights", params={"weights_path": "z" * 5000})]
+
+    assert [r.status_code for r in asgi(app, long_and_nul)] == [400, 400, 400]
 
 
 def test_error_bodies_carry_a_request_id_never_exception_text(tmp_path, refs, caplog) -> None:

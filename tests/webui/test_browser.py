@@ -35,6 +35,7 @@ def url():
     from engine.config import load_config
     from engine.pipeline import Studio
     from studio.http.context import ServerSettings
+    from studio.http.limits import ServerLimits
     from webui.app import UISettings
     from webui.models_list import ModelCatalog
     from webui.server import create_webui_app
@@ -43,7 +44,7 @@ def url():
     config = load_config(path, base_dir=path.parent)
     studio = Studio.from_config(config, device="cpu", precision="fp32")
     app = create_webui_app(studio, config, UISettings(max_tokens_per_sentence=MAX_TOKENS),
-                           ServerSettings(max_tokens_per_sentence=MAX_TOKENS), catalog=ModelCatalog(path.parent))
+                           ServerSettings(limits=ServerLimits(max_tokens_per_sentence=MAX_TOKENS)), catalog=ModelCatalog(path.parent))
     with running_server(app) as base:
         yield base
 
