@@ -84,14 +84,17 @@ class Reference:
 
     def __post_init__(self) -> None:
         if not isinstance(self.audio, (str, os.PathLike, bytes)) or (isinstance(self.audio, str) and not self.audio):
-            raise ReferenceAudioError("a reference clip is required (a path or the file's bytes)", field="reference.audio")
+            raise ReferenceAudioError("a reference clip is required (a path or the file's bytes)",
+                                      field="reference.audio")
         if not isinstance(self.text, str):
-            raise OptionsError(f"the transcript must be a string, got {type(self.text).__name__}", field="reference.text")
+            raise OptionsError(f"the transcript must be a string, got {type(self.text).__name__}",
+                               field="reference.text")
         if self.text.strip() and not self.language:
             raise OptionsError("the transcript's language is required when a transcript is given",
                                field="reference.language")
         if isinstance(self.aux_audio, (str, bytes)):
-            raise OptionsError("the auxiliary clips must be a list of clips, not a single one", field="reference.aux_audio")
+            raise OptionsError("the auxiliary clips must be a list of clips, not a single one",
+                               field="reference.aux_audio")
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The official ``api_v2.py`` interface (RVC-Boss/GPT-SoVITS ``api_v2.py``): ``/tts``, ``/set_gpt_weights``, ``/set_sovits_weights``,
+"""The official ``api_v2.py`` interface (RVC-Boss/GPT-SoVITS): ``/tts``, ``/set_gpt_weights``, ``/set_sovits_weights``,
 ``/set_refer_audio``, ``/control``, with the official parameter names, defaults and response formats.
 
 Compatible: GET query or POST JSON with the ``TTS_Request`` fields; ``streaming_mode`` 0-3 or
@@ -166,7 +166,8 @@ async def _read_form(ctx: "ServerContext", request: Request) -> tuple[TTSRequest
         if len(uploads.get("ref_audio", [])) > 1:
             raise OptionsError("upload one main reference clip", field="ref_audio")
         ref = await _upload_bytes(uploads["ref_audio"][0], "ref_audio") if "ref_audio" in uploads else None
-        aux = tuple([await _upload_bytes(f, f"aux_ref_audio[{i}]") for i, f in enumerate(uploads.get("aux_ref_audio", []))])
+        aux = tuple([await _upload_bytes(f, f"aux_ref_audio[{i}]")
+                     for i, f in enumerate(uploads.get("aux_ref_audio", []))])
         return validate_model(TTSRequest, data), ref, aux
     finally:
         await form.close()

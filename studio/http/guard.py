@@ -97,8 +97,9 @@ class Guard:
         try:
             await self.app(scope, receive_, send_)
         except BodyTooLarge:
-            await self._reject(send_, ex, scope, 413, f"request body: more than {limits.max_upload_bytes} "
-                                                      f"bytes; the limit is {limits.max_upload_bytes} (max_upload_bytes)")
+            limit = limits.max_upload_bytes
+            await self._reject(send_, ex, scope, 413, f"request body: more than {limit} bytes; the limit is {limit} "
+                                                      f"(max_upload_bytes)")
         except BodyTimeout:
             await self._reject(send_, ex, scope, 408, f"request body: nothing arrived for {limits.body_timeout_s:g} s "
                                                       f"(body_timeout_s); send the body without pauses")

@@ -6,8 +6,8 @@ graceful-shutdown timeout, and an HTTP/1.1 protocol that closes a connection whi
 request headers within ``header_timeout_s`` (uvicorn itself waits forever). The body read timeout is the
 guard's. :class:`DrainingServer` starts draining the app on SIGTERM/SIGINT before uvicorn stops: new
 synthesis requests and queued ones get 503 + Retry-After, ``/health`` says "draining", running requests
-get ``shutdown_grace_s`` and are then cancelled; :func:`serve` runs it and returns once the workers have
-stopped or the grace is over.
+get ``shutdown_grace_s`` and are then cancelled. :func:`wait_for_workers` bounds the wait for a worker
+thread still inside one step of synthesis.
 """
 
 from __future__ import annotations
@@ -72,8 +72,8 @@ class HeaderTimeoutProtocol(H11Protocol):
 def uvicorn_config(app: Any, host: str, port: int, limits: ServerLimits, **extra: Any) -> uvicorn.Config:
     """A uvicorn config that applies ``limits`` (see the module docstring)."""
     protocol = type("HeaderTimeoutProtocol", (HeaderTimeoutProtocol,), {"header_timeout": limits.header_timeout_s})
-    return uvicorn.Config(app, host=host, port=port, http=protocol, timeout_keep_alive=max(1, round(limits.keep_alive_s)),
-                          limit_concurrency=limits.max_connections,
+    return uvicorn.Config(app, host=host, port=port, http=protocol, limit_concurrency=limits.max_connections,
+                          timeout_keep_alive=max(1, round(limits.keep_alive_s)),
                           timeout_graceful_shutdown=max(1, round(limits.shutdown_grace_s)), **extra)
 
 
@@ -93,15 +93,6 @@ class DrainingServer(uvicorn.Server):
         """Exit as a SIGTERM would (from any thread)."""
         self.context.drain()
         self.should_exit = True
-
-
-def serve(app: Any, host: str, port: int, limits: ServerLimits, **extra: Any) -> DrainingServer:
-    """Run ``app`` (made by create_app) until SIGTERM/SIGINT or :meth:`DrainingServer.request_exit`;
-    returns the server once the workers have stopped, or ``shutdown_grace_s`` after the exit began."""
-    server = DrainingServer(uvicorn_config(app, host, port, limits, **extra), app.state.context)
-    server.run()
-    wait_for_workers(app.state.context, limits.shutdown_grace_s)
-    return server
 
 
 def wait_for_workers(context: Any, grace_s: float) -> bool:

@@ -214,7 +214,8 @@ async def _stream_body(ctx: "ServerContext", ex: Exchange, stream, pieces: Async
                 return
             except TimeoutError:
                 ex.outcome = TIMED_OUT
-                raise RequestTimeoutError("the stream took longer than the server's limit (request_timeout_s)") from None
+                raise RequestTimeoutError("the stream took longer than the server's limit "
+                                          "(request_timeout_s)") from None
     finally:
         stream.cancel()
         ctx.metrics.latency.observe(time.perf_counter() - ex.started, labels)

@@ -204,7 +204,8 @@ def test_serve_command_with_a_key_file_guards_every_route_and_exits_on_control(t
         wrong = httpx.get(f"http://127.0.0.1:{port}/control", params={"command": "exit"},
                           headers={"Authorization": "Bearer not-the-key-at-all-000"})
         assert wrong.status_code == 401
-        assert httpx.get(f"http://127.0.0.1:{port}/control", params={"command": "exit"}, headers=auth).status_code == 200
+        done = httpx.get(f"http://127.0.0.1:{port}/control", params={"command": "exit"}, headers=auth)
+        assert done.status_code == 200
         _, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:

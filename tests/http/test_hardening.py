@@ -324,7 +324,8 @@ def test_upload_limit_holds_exactly_and_slow_bodies_and_headers_time_out(tmp_pat
             assert httpx.post(f"{url}/tts", content=chunks(body), timeout=30).status_code == 413
         t0 = time.monotonic()
         with socket.create_connection(("127.0.0.1", port), timeout=10) as s:  # a body that stops coming
-            s.sendall(b"POST /tts HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
+            s.sendall(b"POST /tts HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: 100\r\n\r\n{")
             assert read_answer(s).startswith(b"HTTP/1.1 408")
         with socket.create_connection(("127.0.0.1", port), timeout=10) as s:  # headers that never end
             s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
@@ -476,7 +477,8 @@ def test_saved_voices_are_checked_as_a_request_reference_at_save_time(tmp_path, 
              "good": reference_wav(3)}
 
     async def calls(c):
-        return {name: await c.post("/v1/voices", data={**form, "name": name}, files={"audio": ("c.flac" if name == "hour" else "c.wav", clip)})
+        return {name: await c.post("/v1/voices", data={**form, "name": name},
+                                   files={"audio": ("c.flac" if name == "hour" else "c.wav", clip)})
                 for name, clip in clips.items()}
 
     answers = asgi(app, calls)
