@@ -48,6 +48,7 @@ class Probe:
     def __init__(self, url: str, key: str | None, ref: str | None) -> None:
         self.url, self.ref = url.rstrip("/"), ref
         self.headers = {"X-API-Key": key} if key else {}
+        self.host_lines = b"Host: x\r\n" + (f"X-API-Key: {key}\r\n".encode() if key else b"")  # for raw requests
         self.clip = synthetic_clip()
         self.results: list[tuple[str, str]] = []  # (case, "2xx" | "4xx" | "5xx" | "busy" | "hang" | "reset")
 
@@ -191,9 +192,9 @@ class Probe:
 
         self.call("chunked over limit", "POST", "/tts", content=chunks(), headers={"content-type": "application/json"})
         self.call("multipart over limit", "POST", "/tts", data={"text": "x"}, files={"ref_audio": ("a.wav", big)})
-        self.raw("lying content-length", b"POST /tts HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999\r\n\r\n{}")
-        self.raw("negative content-length", b"POST /tts HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n{}")
-        self.raw("huge header", b"GET /health HTTP/1.1\r\nHost: x\r\nX-A: " + b"a" * 200_000 + b"\r\n\r\n")
+        self.raw("lying content-length", b"POST /tts HTTP/1.1\r\n" + self.host_lines + b"Content-Length: 99999999999\r\n\r\n{}")
+        self.raw("negative content-length", b"POST /tts HTTP/1.1\r\n" + self.host_lines + b"Content-Length: -5\r\n\r\n{}")
+        self.raw("huge header", b"GET /health HTTP/1.1\r\n" + self.host_lines + b"X-A: " + b"a" * 200_000 + b"\r\n\r\n")
         self.raw("bad request line", b"\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03garbage\r\n\r\n")
 
     def slow(self, n: int) -> None:
@@ -204,10 +205,10 @@ class Probe:
             try:
                 with socket.create_connection((u.hostname, u.port or 80), timeout=DEADLINE) as s:
                     if kind == "body":
-                        s.sendall(b"POST /tts HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                        s.sendall(b"POST /tts HTTP/1.1\r\n" + self.host_lines + b"Content-Type: application/json\r\n"
                                   b"Content-Length: 1000\r\n\r\n{")
                     elif kind == "header":
-                        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+                        s.sendall(b"GET /health HTTP/1.1\r\n" + self.host_lines + b"")
                     data = s.recv(4096)
                 self.record(f"slow {kind}", int(data.split(b" ", 2)[1]) if data else "4xx")
             except socket.timeout:
