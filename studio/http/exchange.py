@@ -64,6 +64,18 @@ class JobControl:
         self._lock = threading.Lock()
         self._started = False
         self._cancelled = False
+        self._cancel_work: Callable[[], None] | None = None
+
+    def attach(self, results: Any) -> None:
+        """The engine's iterator for this work: if it can be cancelled from another thread (a ``cancel()``
+        method, as a scheduler's request handle has), a cancel reaches it at once, not at the next result."""
+        cancel = getattr(results, "cancel", None)
+        if callable(cancel):
+            with self._lock:
+                self._cancel_work = cancel
+                now = self._cancelled
+            if now:
+                cancel()
 
     @property
     def started(self) -> bool:
@@ -91,6 +103,9 @@ class JobControl:
     def cancel(self) -> None:
         with self._lock:
             self._cancelled = True
+            cancel_work = self._cancel_work
+        if cancel_work is not None:
+            cancel_work()
 
     def check(self) -> None:
         """Called by the worker between results."""

@@ -94,8 +94,10 @@ async def wait_disconnect(request) -> None:
 def _start(ctx: "ServerContext", job: TTSJob, control: JobControl) -> Iterator[Any]:
     """``Studio.synthesize`` once the request is known to be still wanted (validation errors raise here)."""
     control.begin()
-    return ctx.studio.synthesize(job.text, job.text_lang, job.reference, job.options, gpt=job.gpt,
-                                 sovits=job.sovits)
+    results = ctx.studio.synthesize(job.text, job.text_lang, job.reference, job.options, gpt=job.gpt,
+                                    sovits=job.sovits)
+    control.attach(results)
+    return results
 
 
 def synthesize_whole(ctx: "ServerContext", job: TTSJob, control: JobControl, encode_as: str | None = None,

@@ -511,3 +511,42 @@ def test_busy_is_a_503_that_says_busy_and_a_disconnect_mid_upload_is_not_a_500(t
         assert metric(url, "sovits_requests_total", endpoint="/tts", status="500") == 0
         assert metric(url, "sovits_requests_total", endpoint="/tts", status="499") == 1
         assert metric(url, "sovits_request_outcomes_total", endpoint="/tts", outcome="rejected_busy") == 1
+
+
+class CancellableResults:
+    """An engine iterator like the serving scheduler's handle: one long step, and ``cancel()`` from any thread
+    ends it at its next decode step (here: within 10 ms)."""
+
+    def __init__(self) -> None:
+        self.cancelled_at: float | None = None
+        self.closed = threading.Event()
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        for _ in range(500):  # a 5 s step unless cancelled
+            if self.cancelled_at is not None:
+                raise StopIteration
+            time.sleep(0.01)
+        return Result(np.zeros(RATE, np.float32), RATE, "x", (), 0, 0, True, 1)
+
+    def cancel(self) -> None:
+        self.cancelled_at = self.cancelled_at or time.monotonic()
+
+    def close(self) -> None:
+        self.closed.set()
+
+
+def test_a_client_leaving_cancels_a_scheduler_handle_at_once_not_at_the_next_result(tmp_path, refs) -> None:
+    studio = ScriptedStudio(tmp_path)
+    handle = CancellableResults()
+    studio.synthesize = lambda *a, **k: handle
+    app = make_app(studio, refs)
+    with serving(app) as (url, _):
+        left = time.monotonic()
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{url}/tts", json=tts_body(), timeout=httpx.Timeout(30, read=0.3))
+        assert wait_for(lambda: handle.cancelled_at is not None, 3)
+        assert handle.cancelled_at - left < 1.5  # the 5 s step did not run to its end
+        assert handle.closed.wait(3)  # and the worker closed the iterator
