@@ -550,3 +550,22 @@ def test_a_client_leaving_cancels_a_scheduler_handle_at_once_not_at_the_next_res
         assert wait_for(lambda: handle.cancelled_at is not None, 3)
         assert handle.cancelled_at - left < 1.5  # the 5 s step did not run to its end
         assert handle.closed.wait(3)  # and the worker closed the iterator
+
+
+def test_the_engines_busy_error_is_a_503_with_its_retry_after(tmp_path, refs) -> None:
+    from engine.errors import BusyError
+
+    studio = ScriptedStudio(tmp_path)
+
+    def busy(*a, **k):
+        raise BusyError("every scheduler slot is taken", retry_after=7.2)
+
+    studio.synthesize = busy
+    app = make_app(studio, refs)
+
+    async def calls(c):
+        return await c.post("/tts", json=tts_body()), await c.get("/metrics")
+
+    r, metrics = asgi(app, calls)
+    assert r.status_code == 503 and r.headers["retry-after"] == "7" and "slot" in r.json()["message"]
+    assert 'sovits_request_outcomes_total{endpoint="/tts",outcome="rejected_busy"} 1' in metrics.text
