@@ -1,10 +1,27 @@
-"""Typed engine errors. Every message says what was wrong and what to do about it."""
+"""Typed engine errors. Every message says what was wrong and what to do about it.
+
+An error about one input carries ``field``: the engine's own name for it, never a front door's
+parameter name. The names are the arguments of :meth:`engine.pipeline.VoiceCloner.__call__` and the
+fields of :class:`engine.pipeline.Reference` and :class:`engine.options.SynthesisOptions`:
+
+- ``text``, ``text_lang``: the text to speak and its language;
+- ``reference.audio``, ``reference.aux_audio[i]``: the main and the i-th auxiliary reference clip;
+- ``reference.text``, ``reference.language``: the clip's transcript and its language;
+- a :class:`~engine.options.SynthesisOptions` field name (``top_k``, ``min_chunk_length``...).
+
+A front door maps these to its own words (the HTTP API says ``ref_audio_path``, ``prompt_lang``...).
+When ``field`` is set the message may begin with the engine's name; the front door replaces it.
+"""
 
 from __future__ import annotations
 
 
 class EngineError(Exception):
-    """Base class of every error the engine raises on purpose."""
+    """Base class of every error the engine raises on purpose. ``field``: the input at fault, if one is."""
+
+    def __init__(self, message: str = "", *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class ConfigError(EngineError, ValueError):
@@ -36,8 +53,16 @@ class OptionsError(EngineError, ValueError):
 
 
 class BusyError(EngineError, RuntimeError):
-    """Every decoding slot is taken and the wait queue is full: retry after ``retry_after`` seconds."""
+    """No capacity for this request now; the same request may succeed after ``retry_after`` seconds."""
 
-    def __init__(self, message: str, retry_after: float = 1.0) -> None:
-        super().__init__(message)
+    def __init__(self, message: str = "busy: retry later", *, retry_after: float = 1.0,
+                 field: str | None = None) -> None:
+        super().__init__(message, field=field)
         self.retry_after = float(retry_after)
+
+
+def with_field(error: EngineError, field: str) -> EngineError:
+    """``error`` with ``field`` set unless it already names one (for re-raising with ``raise``)."""
+    if error.field is None:
+        error.field = field
+    return error

@@ -66,12 +66,12 @@ class SynthesisOptions:
     def __post_init__(self) -> None:
         if self.text_split_method not in SPLIT_METHODS:
             raise OptionsError(
-                f"text_split_method {self.text_split_method!r} is unknown; use one of {', '.join(SPLIT_METHODS)}"
-            )
+                f"text_split_method {self.text_split_method!r} is unknown; use one of {', '.join(SPLIT_METHODS)}",
+                field="text_split_method")
         for name in ("split_bucket", "parallel_infer", "super_sampling", "return_fragment", "streaming_mode",
                      "fixed_length_chunk"):
             if not isinstance(getattr(self, name), bool):
-                raise OptionsError(f"{name} must be true or false, got {getattr(self, name)!r}")
+                raise OptionsError(f"{name} must be true or false, got {getattr(self, name)!r}", field=name)
         self._int("batch_size", 1, 200)
         self._int("top_k", 1, 1025)
         self._int("sample_steps", 1, 256)
@@ -84,20 +84,29 @@ class SynthesisOptions:
         self._number("speed_factor", 0.1, 10.0)
         self._number("fragment_interval", 0.0, 10.0)
         if not _is_int(self.seed) or not -1 <= self.seed <= MAX_SEED:
-            raise OptionsError(f"seed must be -1 (random) or an integer in [0, {MAX_SEED}], got {self.seed!r}")
+            raise OptionsError(f"seed must be -1 (random) or an integer in [0, {MAX_SEED}], got {self.seed!r}",
+                               field="seed")
         if self.early_stop_num is not None and (not _is_int(self.early_stop_num) or self.early_stop_num < 1):
-            raise OptionsError(f"early_stop_num must be a positive integer or None, got {self.early_stop_num!r}")
+            raise OptionsError(f"early_stop_num must be a positive integer or None, got {self.early_stop_num!r}",
+                               field="early_stop_num")
+        if self.streaming_mode and self.min_chunk_length < self.overlap_length:
+            # The official code neither checks nor clamps this: its first chunk (min_chunk_length tokens, or
+            # a few more when cut at a mute token) is then shorter than the SOLA overlap of the next one, and
+            # TTS.run fails after the stream began (an empty WAV).
+            raise OptionsError(f"min_chunk_length ({self.min_chunk_length}) must be at least overlap_length "
+                               f"({self.overlap_length}) when streaming token chunks", field="min_chunk_length")
 
     def _int(self, name: str, lo: int, hi: int) -> None:
         v = getattr(self, name)
         if not _is_int(v) or not lo <= v <= hi:
-            raise OptionsError(f"{name} must be an integer in [{lo}, {hi}], got {v!r}")
+            raise OptionsError(f"{name} must be an integer in [{lo}, {hi}], got {v!r}", field=name)
 
     def _number(self, name: str, lo: float, hi: float, low_open: bool = False) -> None:
         v = getattr(self, name)
         ok = _is_number(v) and (lo < v if low_open else lo <= v) and v <= hi
         if not ok:
-            raise OptionsError(f"{name} must be a number in {'(' if low_open else '['}{lo:g}, {hi:g}], got {v!r}")
+            raise OptionsError(f"{name} must be a number in {'(' if low_open else '['}{lo:g}, {hi:g}], got {v!r}",
+                               field=name)
 
     def replace(self, **changes: Any) -> "SynthesisOptions":
         """A copy with some fields changed (validated again); unknown names raise OptionsError."""

@@ -37,6 +37,7 @@ from engine.errors import (
     ReferenceAudioError,
     TextError,
     UnsupportedLanguageError,
+    with_field,
 )
 from engine.loading.model_pool import ModelPool, Models, WeightSet
 from engine.memory import MemoryGuard, MemoryReader, system_memory_reader
@@ -84,13 +85,17 @@ class Reference:
 
     def __post_init__(self) -> None:
         if not isinstance(self.audio, (str, os.PathLike, bytes)) or (isinstance(self.audio, str) and not self.audio):
-            raise ReferenceAudioError("ref_audio_path is required: give a reference clip (path or bytes)")
+            raise ReferenceAudioError("a reference clip is required (a path or the file's bytes)",
+                                      field="reference.audio")
         if not isinstance(self.text, str):
-            raise OptionsError(f"prompt_text must be a string, got {type(self.text).__name__}")
+            raise OptionsError(f"the transcript must be a string, got {type(self.text).__name__}",
+                               field="reference.text")
         if self.text.strip() and not self.language:
-            raise OptionsError("prompt_lang is required when prompt_text is given")
+            raise OptionsError("the transcript's language is required when a transcript is given",
+                               field="reference.language")
         if isinstance(self.aux_audio, (str, bytes)):
-            raise OptionsError("aux_ref_audio_paths must be a list of clips, not a single one")
+            raise OptionsError("the auxiliary clips must be a list of clips, not a single one",
+                               field="reference.aux_audio")
 
 
 @dataclass(frozen=True)
@@ -177,17 +182,18 @@ def silence(seconds: float, rate: int) -> np.ndarray:
     return np.zeros(int(rate * seconds), dtype=np.float32)
 
 
-def _read_clip_bytes(source: str | os.PathLike | bytes, what: str) -> bytes:
+def _read_clip_bytes(source: str | os.PathLike | bytes, what: str, field: str) -> bytes:
     if isinstance(source, bytes):
         if not source:
-            raise ReferenceAudioError(f"{what} is empty (0 bytes)")
+            raise ReferenceAudioError(f"{what} is empty (0 bytes)", field=field)
         return source
     path = Path(source)
     if not path.is_file():
-        raise ReferenceAudioError(f"{what} not found: {path}")
+        raise ReferenceAudioError(f"{what} not found: {path}", field=field)
     size = path.stat().st_size
     if size > MAX_REFERENCE_FILE_BYTES:
-        raise ReferenceAudioError(f"{what} {path} is {size >> 20} MiB; references are short clips (3-10 s)")
+        raise ReferenceAudioError(f"{what} {path} is {size >> 20} MiB; references are short clips (3-10 s)",
+                                  field=field)
     return path.read_bytes()
 
 
@@ -275,11 +281,13 @@ class VoiceCloner:
             raise OptionsError(f"reference must be a Reference, got {type(reference).__name__}")
         prompt_text = self._prompt_text(reference)
         if not prompt_text and self.models.uses_vocoder:
-            raise OptionsError(f"prompt_text is required for {self.models.version} models (no reference-free mode)")
+            raise OptionsError(f"a transcript is required for {self.models.version} models (no reference-free mode)",
+                               field="reference.text")
         if prompt_text:
-            self._check_language(reference.language, "prompt_lang")
-        main = _read_clip_bytes(reference.audio, "ref_audio_path")
-        aux = tuple(_read_clip_bytes(a, f"aux_ref_audio_paths[{i}]") for i, a in enumerate(reference.aux_audio))
+            self._check_language(reference.language, "reference.language")
+        main = _read_clip_bytes(reference.audio, "reference audio", "reference.audio")
+        aux = tuple(_read_clip_bytes(a, f"auxiliary reference audio {i}", f"reference.aux_audio[{i}]")
+                    for i, a in enumerate(reference.aux_audio))
         key = ReferenceKey(sha256_bytes(main), prompt_text, reference.language if prompt_text else "",
                            f"{self.models.id}|{self.reference_rules}",  # a clip checked under other rules differs
                            tuple(sha256_bytes(a) for a in aux))
@@ -301,7 +309,10 @@ class VoiceCloner:
     def _build_reference(self, main: bytes, aux: tuple[bytes, ...], prompt_text: str, lang: str) -> PreparedReference:
         m = self.models
         dev = m.device
-        clip = read_reference(io.BytesIO(main), self.reference_rules)
+        try:
+            clip = read_reference(io.BytesIO(main), self.reference_rules)
+        except ReferenceAudioError as e:
+            raise with_field(e, "reference.audio")
         feats = reference_features(clip, m.sovits, m.ssl, m.sv, with_prompt=bool(prompt_text),
                                    sovits_sample_rate=m.sovits_sample_rate)
         specs, svs = [feats.spec], [feats.sv_embedding]
@@ -310,7 +321,7 @@ class VoiceCloner:
                 try:
                     aux_clip = read_reference(io.BytesIO(data), self.reference_rules)
                 except ReferenceAudioError as e:
-                    raise ReferenceAudioError(f"aux_ref_audio_paths[{i}]: {e}") from e
+                    raise with_field(e, f"reference.aux_audio[{i}]")
                 f = reference_features(aux_clip, m.sovits, None, m.sv, with_prompt=False,
                                        sovits_sample_rate=m.sovits_sample_rate)
                 specs.append(f.spec)
@@ -322,7 +333,7 @@ class VoiceCloner:
             try:
                 tf = self.frontend.phones_and_bert(prompt_text, lang)
             except TextError as e:
-                raise TextError(f"prompt_text: {e}") from e
+                raise TextError(f"the transcript: {e}", field="reference.text") from e
             phones, norm = tf.phone_ids, tf.norm_text
             bert = self._bert_features(tf).to(dev)
         voice_prompt = None
@@ -346,18 +357,18 @@ class VoiceCloner:
         try:
             self.frontend.check_language(code)
         except UnsupportedLanguageError as e:
-            raise UnsupportedLanguageError(f"{name}: {e}") from e
+            raise UnsupportedLanguageError(str(e), field=name) from e
 
     def _check_text(self, text: str, text_lang: str) -> None:
         if not isinstance(text, str):
-            raise TextError(f"text must be a string, got {type(text).__name__}")
+            raise TextError(f"text must be a string, got {type(text).__name__}", field="text")
         if not text.strip():
-            raise TextError("text is empty: enter something to read")
+            raise TextError("text is empty: enter something to read", field="text")
         if len(text) > self.max_text_chars:
             raise TextError(f"text is {len(text)} characters long; at most {self.max_text_chars} are accepted "
-                            "per request (split it)")
+                            "per request (split it)", field="text")
         if not isinstance(text_lang, str):
-            raise OptionsError("text_lang must be a language code string")
+            raise OptionsError("text_lang must be a language code string", field="text_lang")
         self._check_language(text_lang, "text_lang")
 
     def split(self, text: str, text_lang: str, options: SynthesisOptions = SynthesisOptions()) -> list[str]:

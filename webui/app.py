@@ -82,12 +82,11 @@ def build_ui(studio, config=None, catalog: ModelCatalog | None = None, settings:
     ``super_sampler`` (an ``engine.acoustic.super_sampling.SuperSamplerStore``) holds the v3 AP-BWE
     model; pass the HTTP API's so that it loads once. Default: one for this page (the official location).
     """
-    from studio.http.context import ServerSettings
+    from engine.acoustic.super_sampling import OFFICIAL_PATH, SuperSamplerStore
+    from studio.http.limits import ServerLimits
     from studio.http.runner import SynthesisRunner
 
-    from engine.acoustic.super_sampling import OFFICIAL_PATH, SuperSamplerStore
-
-    pool = pool or SynthesisRunner(ServerSettings.workers, ServerSettings.max_queue)
+    pool = pool or SynthesisRunner(ServerLimits.workers, ServerLimits.max_queue)
     super_sampler = super_sampler or SuperSamplerStore(Path(studio.default_weights.base_dir) / OFFICIAL_PATH,
                                                        studio.runtime.device)
     catalog = catalog or ModelCatalog(studio.default_weights.base_dir)

@@ -2,7 +2,7 @@
 limits with their one set of defaults, and building the engine from them.
 
 Every default shown by ``-h`` is read from the dataclass that owns it (:class:`engine.options.EngineSettings`,
-:class:`studio.http.app.ServerSettings`), so a default lives in one place. Importing this module is cheap:
+:class:`studio.http.limits.ServerLimits`), so a default lives in one place. Importing this module is cheap:
 nothing here imports torch until an engine is built.
 """
 
@@ -56,28 +56,21 @@ def add_device_arguments(parser: argparse.ArgumentParser, *, device: str | None 
 
 
 def add_engine_limits(parser: argparse.ArgumentParser) -> None:
-    """The request limits every front door applies (defaults from EngineSettings / ServerSettings)."""
+    """The text limit every front door applies (default from EngineSettings)."""
     from engine.options import EngineSettings
-    from studio.http.context import ServerSettings
 
-    parser.add_argument("--max-tokens-per-sentence", type=int, default=ServerSettings.max_tokens_per_sentence,
-                        help="cap semantic tokens per sentence (25 per second of audio; default: the GPT file's limit)")
     parser.add_argument("--max-text-chars", type=int, default=EngineSettings.max_text_chars,
                         help=f"longest text accepted (default {EngineSettings.max_text_chars})")
 
 
 def add_server_arguments(parser: argparse.ArgumentParser, *, port: int, port_note: str) -> None:
-    """Host, port, and the admission and upload limits of a server (defaults from ServerSettings)."""
-    from studio.http.context import ServerSettings
+    """Host, port, and a server's limits (defaults from studio.http.limits.ServerLimits, the one place
+    they live; ``limits_from_args`` turns the flags back into a ServerLimits)."""
+    from studio.http.limits import add_limit_arguments
 
     parser.add_argument("-a", "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 for all)")
     parser.add_argument("-p", "--port", type=int, default=port, help=f"port (default {port}, {port_note})")
-    parser.add_argument("--workers", type=int, default=ServerSettings.workers,
-                        help=f"syntheses run at once, page and API together (default {ServerSettings.workers})")
-    parser.add_argument("--max-queue", type=int, default=ServerSettings.max_queue,
-                        help=f"requests waiting beyond that; more get 503 (default {ServerSettings.max_queue})")
-    parser.add_argument("--max-upload-mb", type=float, default=ServerSettings.max_upload_bytes / MIB,
-                        help=f"request body limit in MiB (default {ServerSettings.max_upload_bytes / MIB:g})")
+    add_limit_arguments(parser)
     parser.add_argument("--profiles-dir", default="voices", help="saved voices for /v1/audio/speech (default ./voices)")
     add_engine_limits(parser)
 

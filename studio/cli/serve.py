@@ -23,6 +23,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="folder weight files may be loaded from (repeatable; default: the official weight "
                              "folders and the folders of the configured weights)")
     parser.add_argument("--no-voice-uploads", action="store_true", help="refuse POST/DELETE /v1/voices")
+    parser.add_argument("--api-key", action="append", default=None, metavar="KEY",
+                        help="require this key on every route ('Authorization: Bearer KEY' or 'X-API-Key: KEY'); "
+                             "repeatable; prefer --api-key-file (a command line is visible to other users)")
+    parser.add_argument("--api-key-file", default=None, metavar="FILE", help="keys as --api-key, one per line")
+    parser.add_argument("--allow-control", action="store_true",
+                        help="accept /control (restart, exit) without an API key (with a key it is always on)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -31,11 +37,12 @@ def run(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
 
-    import uvicorn
-
-    from studio.cli.bootstrap import MIB, build_studio, load_engine_config
+    from studio.cli.bootstrap import build_studio, load_engine_config
     from studio.http.app import create_app
+    from studio.http.auth import Access, check_keys, read_key_file
     from studio.http.context import ServerSettings
+    from studio.http.lifecycle import DrainingServer, uvicorn_config, wait_for_workers
+    from studio.http.limits import limits_from_args
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = load_engine_config(args.config, required=False)
@@ -49,29 +56,31 @@ def run(args: argparse.Namespace) -> int:
     if not weight_dirs:
         configured = [config.path(k).parent for k in ("t2s_weights_path", "vits_weights_path")]
         weight_dirs = [str(Path(d).resolve()) for d in (*OFFICIAL_WEIGHT_DIRS, *configured)]
+    keys = tuple(args.api_key or ()) + (read_key_file(args.api_key_file) if args.api_key_file else ())
     settings = ServerSettings(
         reference_roots=tuple(args.reference_dir or [os.getcwd()]),
         weight_roots=tuple(weight_dirs),
         profiles_dir=args.profiles_dir,
         voice_uploads=not args.no_voice_uploads,
-        max_upload_bytes=int(args.max_upload_mb * MIB),
-        workers=args.workers,
-        max_queue=args.max_queue,
-        max_tokens_per_sentence=args.max_tokens_per_sentence,
+        limits=limits_from_args(args),
+        access=Access(api_keys=check_keys(keys)),
+        allow_control=args.allow_control,
     )
     studio = build_studio(config, args, weight_roots=settings.weight_roots)
     state = {"restart": False}
-    server: uvicorn.Server | None = None
+    server: DrainingServer | None = None
 
     def on_control(command: str) -> None:
         state["restart"] = command == "restart"
         if server is not None:
-            server.should_exit = True  # graceful: running requests finish, then the process ends
+            server.request_exit()  # as SIGTERM: queued requests get 503, running ones the grace period
 
     app = create_app(studio, settings, on_control=on_control)
     host = None if args.host == "None" else args.host  # api_v2: `-a None` listens dual-stack
-    server = uvicorn.Server(uvicorn.Config(app, host=host or "::", port=args.port, workers=1))
-    server.run()
+    server = DrainingServer(uvicorn_config(app, host or "::", args.port, settings.limits), app.state.context)
+    server.run()  # SIGTERM: drain, then at most shutdown_grace_s for running requests
+    if not wait_for_workers(app.state.context, 1.0):
+        os._exit(1)  # a worker is still inside one step of synthesis: do not wait for it
     if state["restart"]:
         os.execv(sys.executable, sys.orig_argv)  # the same command line, as api_v2's restart does
     return 0

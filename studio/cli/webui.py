@@ -24,8 +24,9 @@ def run(args: argparse.Namespace) -> int:
     import logging
 
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-    from studio.cli.bootstrap import MIB, build_studio, load_engine_config
+    from studio.cli.bootstrap import build_studio, load_engine_config
     from studio.http.context import ServerSettings
+    from studio.http.limits import limits_from_args
     from webui.app import UISettings
     from webui.models_list import ModelCatalog
     from webui.server import create_webui_app, parse_auth
@@ -40,9 +41,8 @@ def run(args: argparse.Namespace) -> int:
     studio = build_studio(config, args, weight_roots=roots)
     notice = studio.device_notice[:1].upper() + studio.device_notice[1:]
     max_tokens = args.max_tokens_per_sentence or config.active.max_tokens_per_sentence or None  # test sets cap it
-    server_settings = ServerSettings(weight_roots=roots, profiles_dir=args.profiles_dir, max_queue=args.max_queue,
-                                     max_upload_bytes=int(args.max_upload_mb * MIB), workers=args.workers,
-                                     max_tokens_per_sentence=max_tokens)
+    server_settings = ServerSettings(weight_roots=roots, profiles_dir=args.profiles_dir,
+                                     limits=limits_from_args(args, max_tokens_per_sentence=max_tokens))
     ui = UISettings(max_tokens_per_sentence=max_tokens, notice=notice, random_weights=config.active.random_weights)
     print("listing weight files...", file=sys.stderr)
     app = create_webui_app(studio, config, ui, server_settings, auth, concurrency=args.workers,
@@ -51,10 +51,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(app, host: str, port: int, share: bool, protected: bool) -> int:
-    import uvicorn
+    import signal
 
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                           timeout_graceful_shutdown=5))  # open page streams do not block Ctrl+C
+    from studio.http.lifecycle import DrainingServer, uvicorn_config
+
+    ctx = app.state.context
+    server = DrainingServer(uvicorn_config(app, host, port, ctx.limits, log_level="warning"), ctx)
+    signal.signal(signal.SIGTERM, lambda *_: server.request_exit())  # uvicorn runs in a thread: no handlers of its own
     thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
     thread.start()
     while not server.started:
@@ -71,8 +74,8 @@ def _run(app, host: str, port: int, share: bool, protected: bool) -> int:
         while thread.is_alive():
             thread.join(0.5)
     except KeyboardInterrupt:
-        server.should_exit = True
-        thread.join(10)
+        server.request_exit()
+        thread.join(ctx.limits.shutdown_grace_s + 5)
     return 0
 
 

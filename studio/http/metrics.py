@@ -248,15 +248,19 @@ class ServerMetrics:
     def __init__(self, cache_stats: Callable[[], Mapping[str, tuple[int, int]]] | None = None,
                  queue_length: Callable[[], int] | None = None) -> None:
         self.registry = r = Registry()
-        self.requests = r.counter("sovits_requests_total", "HTTP requests answered, by endpoint and status code.",
-                                  ("endpoint", "status"))
+        self.requests = r.counter("sovits_requests_total", "HTTP requests by endpoint and status code sent "
+                                  "(499: the client left before any answer).", ("endpoint", "status"))
+        self.outcomes = r.counter("sovits_request_outcomes_total", "HTTP requests by endpoint and how they ended: "
+                                  "completed, cancelled_by_client, failed_mid_stream, rejected_busy, unauthorised, "
+                                  "invalid, timed_out, failed.", ("endpoint", "outcome"))
         self.latency = r.histogram("sovits_request_duration_seconds",
                                    "Time from receiving a synthesis request to its last byte.", ("endpoint",))
         self.first_chunk = r.histogram("sovits_first_chunk_seconds",
                                        "Time from receiving a synthesis request to its first audio byte.",
                                        ("endpoint",))
         self.in_progress = r.gauge("sovits_requests_in_progress", "Synthesis requests being computed now.")
-        self.audio_seconds = r.counter("sovits_audio_seconds_total", "Seconds of audio synthesised.")
+        self.audio_seconds = r.counter("sovits_audio_seconds_total", "Seconds of audio delivered to clients "
+                                       "(a whole file once sent completely, a stream chunk by chunk).")
         r.callback("sovits_queue_length", "Synthesis requests waiting for a worker.",
                    lambda: [({}, float(queue_length()))] if queue_length else [])
         r.callback("sovits_cache_hits_total", "Cache hits by cache.", self._cache_samples(0, cache_stats),

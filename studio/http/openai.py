@@ -12,7 +12,6 @@ mono as OpenAI documents. Extensions: ``language`` (default ``auto``), ``seed``,
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,10 +19,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict
 
-from engine.audio_formats import OPENAI_FORMATS, check_media_type, content_type
+from engine.audio_formats import OPENAI_FORMATS, check_media_type
 from engine.errors import OptionsError
 from engine.options import SynthesisOptions
-from studio.http.api_v2 import API_SPLIT_METHOD, TTSJob, parse_language, synthesize_whole, validate_model
+from studio.http.bodies import read_form, read_json
+from studio.http.synthesis import TTSJob, admit, language, respond, validate_model
 
 if TYPE_CHECKING:
     from studio.http.context import ServerContext
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 MAX_INPUT_CHARS = 4096  # OpenAI's limit for `input`
 PCM_RATE = 24000  # OpenAI's pcm format: 24 kHz, 16-bit signed little-endian, mono
 _D = SynthesisOptions()
+API_SPLIT_METHOD = "cut5"  # as the api_v2 routes (api_v2's TTS_Request default)
 
 
 class SpeechRequest(BaseModel):
@@ -53,102 +54,108 @@ class SpeechRequest(BaseModel):
     sample_steps: int = _D.sample_steps
 
 
+# the engine's names -> this route's: the saved voice stands for the whole reference
+NAMES = {"reference.audio": "voice", "reference.aux_audio": "voice", "reference.text": "voice",
+         "reference.language": "voice", "text": "input", "text_lang": "language"}
+
+
 def build_speech_job(ctx: "ServerContext", req: SpeechRequest) -> TTSJob:
     from engine.pipeline import Reference
     from studio.http.profiles import check_name
 
     if ctx.profiles is None:
-        raise OptionsError("voice: this server has no saved voices (start it with a profiles folder)")
+        raise OptionsError("this server has no saved voices (start it with a profiles folder)", field="voice")
     voice = req.voice.get("id", "") if isinstance(req.voice, dict) else req.voice
     profile = ctx.profiles.get(check_name(voice))
     if not req.input.strip():
-        raise OptionsError("input is empty: give the text to speak")
+        raise OptionsError("input is empty: give the text to speak", field="input")
     if len(req.input) > MAX_INPUT_CHARS:
-        raise OptionsError(f"input: {len(req.input)} characters; at most {MAX_INPUT_CHARS}")
+        raise OptionsError(f"{len(req.input)} characters; at most {MAX_INPUT_CHARS}", field="input")
     check_media_type(req.response_format, OPENAI_FORMATS, "response_format")
     if not 0.25 <= req.speed <= 4.0:
-        raise OptionsError(f"speed: {req.speed!r} is outside [0.25, 4.0]")
+        raise OptionsError(f"{req.speed!r} is outside [0.25, 4.0]", field="speed")
     if req.stream_format != "audio":
-        raise OptionsError(f"stream_format: {req.stream_format!r} is not supported; use 'audio'")
+        raise OptionsError(f"{req.stream_format!r} is not supported; use 'audio'", field="stream_format")
     options = ctx.bounded(SynthesisOptions.from_mapping({
         "speed_factor": float(req.speed), "seed": req.seed, "top_k": req.top_k, "top_p": req.top_p,
         "temperature": req.temperature, "text_split_method": req.text_split_method, "sample_steps": req.sample_steps,
     }))
-    reference = Reference(audio=profile.audio_path, text=profile.prompt_text,
-                          language=parse_language(profile.prompt_lang, f"voice {voice}: prompt_lang"),
+    try:
+        prompt_lang = language(profile.prompt_lang, "prompt_lang")
+        gpt = str(ctx.weight_path(profile.gpt_weights, "gpt_weights")) if profile.gpt_weights else None
+        sovits = str(ctx.weight_path(profile.sovits_weights, "sovits_weights")) if profile.sovits_weights else None
+    except OptionsError as e:
+        raise OptionsError(f"the saved voice {voice!r} is unusable ({e})", field="voice") from None
+    reference = Reference(audio=profile.audio_path, text=profile.prompt_text, language=prompt_lang,
                           aux_audio=profile.aux_audio_paths)
-    gpt = str(ctx.weight_path(profile.gpt_weights, f"voice {voice}: gpt_weights")) if profile.gpt_weights else None
-    sovits = (str(ctx.weight_path(profile.sovits_weights, f"voice {voice}: sovits_weights"))
-              if profile.sovits_weights else None)
-    return TTSJob(req.input, parse_language(req.language, "language"), reference, options, gpt, sovits,
-                  req.response_format, streaming=False, reference_field=f"voice {voice}")
+    return TTSJob(req.input, language(req.language, "language"), reference, options, gpt, sovits,
+                  req.response_format, streaming=False, names=NAMES)
 
 
-def router(ctx: "ServerContext") -> "APIRouter":
+async def speech(ctx: "ServerContext", request: Request) -> Response:
+    """OpenAI ``audio.speech.create``: text in the voice of a saved profile."""
+    ex = admit(ctx, request)
+    ex.names = NAMES
+    body = await read_json(request, ctx.limits.max_json_depth)
+    job = build_speech_job(ctx, validate_model(SpeechRequest, body))
+    rate = PCM_RATE if job.media_type == "pcm" else None
+    return await respond(ctx, request, ex, job, "/v1/audio/speech", encode_as=job.media_type, rate=rate)
+
+
+def _store(ctx: "ServerContext", writing: bool = False):
+    if ctx.profiles is None:
+        raise OptionsError("this server has no saved voices (start it with a profiles folder)", field="voice")
+    if writing and not ctx.settings.voice_uploads:
+        raise OptionsError("this server does not accept new or deleted voices", field="voices")
+    return ctx.profiles
+
+
+async def list_voices(ctx: "ServerContext", request: Request) -> dict[str, Any]:
+    """The saved voices (what ``voice`` may name)."""
+    return {"voices": [p.to_json() for p in (ctx.profiles.list() if ctx.profiles else [])]}
+
+
+async def add_voice(ctx: "ServerContext", request: Request) -> JSONResponse:
+    """Save a voice: multipart fields ``name``, ``prompt_text``, ``prompt_lang`` and file ``audio``. The clip
+    is checked as a request's reference is (the server's reference rules) before anything is stored."""
+    from starlette.datastructures import UploadFile
+
+    profiles = _store(ctx, writing=True)
+    if len(profiles.names()) >= ctx.limits.max_profiles:
+        raise OptionsError(f"{ctx.limits.max_profiles} voices are saved already; delete one first", field="voices")
+    form = await read_form(request, max_files=1, max_fields=16)
+    try:
+        audio = form.get("audio")
+        if not isinstance(audio, UploadFile):
+            raise OptionsError("upload the reference clip as multipart file field 'audio'", field="audio")
+        fields = {k: form.get(k) for k in ("name", "prompt_text", "prompt_lang")}
+        for k, v in fields.items():
+            if not isinstance(v, str) or (k != "prompt_text" and not v):
+                raise OptionsError(f"{k} is required (a form field)", field=k)
+        data = await audio.read()
+        suffix = Path(audio.filename or "clip.wav").suffix or ".wav"
+        profile = await ctx.runner.run(lambda: profiles.save(
+            fields["name"], data, fields["prompt_text"], fields["prompt_lang"], suffix=suffix,
+            rules=ctx.studio.reference_rules))
+    finally:
+        await form.close()
+    return JSONResponse(profile.to_json(), status_code=201)
+
+
+async def delete_voice(ctx: "ServerContext", request: Request) -> dict[str, str]:
+    """Delete a saved voice."""
+    name = request.path_params["name"]
+    _store(ctx, writing=True).delete(name)
+    return {"message": "deleted", "name": name}
+
+
+def router(ctx: "ServerContext") -> APIRouter:
+    """The OpenAI-compatible routes over ``ctx`` (under ``/v1``)."""
+    from studio.http.api_v2 import bind
+
     r = APIRouter(prefix="/v1")
-
-    @r.post("/audio/speech")
-    async def speech(request: Request) -> Response:
-        """OpenAI ``audio.speech.create``: text in the voice of a saved profile."""
-        t0 = time.perf_counter()
-        try:
-            body = await request.json()
-        except ValueError as e:
-            raise OptionsError(f"request body: not valid JSON ({e})") from None
-        if not isinstance(body, dict):
-            raise OptionsError("request body: expected a JSON object")
-        job = build_speech_job(ctx, validate_model(SpeechRequest, body))
-        rate = PCM_RATE if job.media_type == "pcm" else None
-        data, sr, _ = await ctx.runner.run(synthesize_whole, ctx, job, job.media_type, rate)
-        elapsed = time.perf_counter() - t0
-        labels = {"endpoint": "/v1/audio/speech"}
-        ctx.metrics.first_chunk.observe(elapsed, labels)
-        ctx.metrics.latency.observe(elapsed, labels)
-        return Response(data, media_type=content_type(job.media_type), headers={"X-Sample-Rate": str(sr)})
-
-    def store():
-        if ctx.profiles is None:
-            raise OptionsError("voice: this server has no saved voices (start it with a profiles folder)")
-        return ctx.profiles
-
-    def writable():
-        if not ctx.settings.voice_uploads:
-            raise OptionsError("voices: this server does not accept new or deleted voices")
-        return store()
-
-    @r.get("/voices")
-    async def list_voices() -> dict[str, Any]:
-        """The saved voices (what ``voice`` may name)."""
-        return {"voices": [p.to_json() for p in (ctx.profiles.list() if ctx.profiles else [])]}
-
-    @r.post("/voices", status_code=201)
-    async def add_voice(request: Request) -> JSONResponse:
-        """Save a voice: multipart fields ``name``, ``prompt_text``, ``prompt_lang`` and file ``audio``."""
-        from starlette.datastructures import UploadFile
-
-        profiles = writable()
-        if len(profiles.names()) >= ctx.settings.max_profiles:
-            raise OptionsError(f"voices: {ctx.settings.max_profiles} voices are saved already; delete one first")
-        form = await request.form(max_files=1, max_fields=16)
-        try:
-            audio = form.get("audio")
-            if not isinstance(audio, UploadFile):
-                raise OptionsError("audio: upload the reference clip as multipart file field 'audio'")
-            fields = {k: form.get(k) for k in ("name", "prompt_text", "prompt_lang")}
-            for k, v in fields.items():
-                if not isinstance(v, str) or (k != "prompt_text" and not v):
-                    raise OptionsError(f"{k} is required (a form field)")
-            data = await audio.read()
-            suffix = Path(audio.filename or "clip.wav").suffix or ".wav"
-            profile = await ctx.runner.run(lambda: profiles.save(
-                fields["name"], data, fields["prompt_text"], fields["prompt_lang"], suffix=suffix))
-        finally:
-            await form.close()
-        return JSONResponse(profile.to_json(), status_code=201)
-
-    @r.delete("/voices/{name}")
-    async def delete_voice(name: str) -> dict[str, str]:
-        writable().delete(name)
-        return {"message": "deleted", "name": name}
-
+    r.add_api_route("/audio/speech", bind(ctx, speech, name="speech"), methods=["POST"])
+    r.add_api_route("/voices", bind(ctx, list_voices, name="list_voices"), methods=["GET"])
+    r.add_api_route("/voices", bind(ctx, add_voice, name="add_voice"), methods=["POST"], status_code=201)
+    r.add_api_route("/voices/{name}", bind(ctx, delete_voice, name="delete_voice"), methods=["DELETE"])
     return r

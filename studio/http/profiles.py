@@ -21,7 +21,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.errors import EngineError, OptionsError, ReferenceAudioError
+from engine.errors import EngineError, OptionsError, ReferenceAudioError, with_field
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".mp3")
@@ -79,17 +79,17 @@ def _inside(folder: Path, name: str, field: str) -> Path:
     return folder / name
 
 
-def _check_audio_bytes(data: bytes, field: str) -> None:
+def _check_audio_bytes(data: bytes, field: str, rules=None) -> None:
+    """The clip passes exactly the checks a request's reference passes (decoding, length, silence,
+    clipping: :func:`engine.reference.read_reference` under the server's rules)."""
     import io
 
-    import soundfile as sf
+    from engine.reference import ReferenceRules, read_reference
 
     try:
-        info = sf.info(io.BytesIO(data))
-    except (RuntimeError, sf.LibsndfileError) as e:
-        raise ReferenceAudioError(f"{field}: not a readable audio file ({e})") from e
-    if info.frames <= 0:
-        raise ReferenceAudioError(f"{field}: the audio file holds no samples")
+        read_reference(io.BytesIO(data), rules if rules is not None else ReferenceRules())
+    except ReferenceAudioError as e:
+        raise with_field(e, field)
 
 
 class ProfileStore:
@@ -126,12 +126,15 @@ class ProfileStore:
         try:
             meta = json.loads(meta_file.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise OptionsError(f"voice: {meta_file} is not valid JSON ({e}); save the voice again") from e
+            raise OptionsError(f"voice: the saved voice {name!r} is damaged (its {PROFILE_FILE} is not valid "
+                               f"JSON); save the voice again", field="voice") from None
         if not isinstance(meta, dict):
-            raise OptionsError(f"voice: {meta_file} must hold a JSON object")
+            raise OptionsError(f"voice: the saved voice {name!r} is damaged (its {PROFILE_FILE} is not a JSON "
+                               f"object); save the voice again", field="voice")
         audio = _inside(folder, meta.get("audio", ""), f"voice {name}: audio")
         if not audio.is_file():
-            raise ReferenceAudioError(f"voice {name}: its reference clip {audio} is missing")
+            raise ReferenceAudioError(f"voice: the reference clip of {name!r} is missing; save the voice again",
+                                      field="voice")
         aux = tuple(_inside(folder, a, f"voice {name}: aux_audio") for a in meta.get("aux_audio", []) or [])
         return VoiceProfile(
             name=name,
@@ -144,16 +147,17 @@ class ProfileStore:
         )
 
     def save(self, name: str, audio: bytes, prompt_text: str, prompt_lang: str, *, suffix: str = ".wav",
-             gpt_weights: str = "", sovits_weights: str = "", overwrite: bool = False) -> VoiceProfile:
-        """Store a new voice from the clip's bytes. The clip must be readable audio of at most
-        ``max_audio_bytes``; the transcript at most :data:`MAX_PROMPT_CHARS` characters."""
+             gpt_weights: str = "", sovits_weights: str = "", overwrite: bool = False, rules=None) -> VoiceProfile:
+        """Store a new voice from the clip's bytes. The clip must be at most ``max_audio_bytes`` and pass the
+        reference checks of ``rules`` (a ReferenceRules; default: the official ones); the transcript at most
+        :data:`MAX_PROMPT_CHARS` characters."""
         check_name(name)
         suffix = suffix.lower()
         if suffix not in AUDIO_SUFFIXES:
             raise OptionsError(f"audio: files of type {suffix!r} are not accepted; use {', '.join(AUDIO_SUFFIXES)}")
         if len(audio) > self.max_audio_bytes:
             raise OptionsError(f"audio: the clip is {len(audio)} bytes; the limit is {self.max_audio_bytes}")
-        _check_audio_bytes(audio, "audio")
+        _check_audio_bytes(audio, "audio", rules)
         if len(prompt_text) > MAX_PROMPT_CHARS:
             raise OptionsError(f"prompt_text: {len(prompt_text)} characters; the limit is {MAX_PROMPT_CHARS}")
         _check_language(prompt_lang)

@@ -226,11 +226,12 @@ def tiny_server(tmp_path_factory):
     from engine.testweights import make_test_weights
     from studio.http.app import create_app
     from studio.http.context import ServerSettings
+    from studio.http.limits import ServerLimits
     from tests.support.server import running_server
 
     root = tmp_path_factory.mktemp("loadtest")
     studio = Studio.from_config(str(make_test_weights(root / "weights", "v2")))
-    settings = ServerSettings(profiles_dir=str(root / "voices"), max_tokens_per_sentence=10, workers=1)
+    settings = ServerSettings(profiles_dir=str(root / "voices"), limits=ServerLimits(max_tokens_per_sentence=10, workers=1))
     with running_server(create_app(studio, settings)) as url:
         yield url
 

@@ -204,8 +204,9 @@ def test_reference_free_and_aux_references():
     aux_ref = Reference(reference().audio, sup.REF_TEXT, "en", (sup.wav_bytes(sup.clip(pitch=220.0, seed=4)),))
     mixed = join(cloner("Nice to meet you.", "en", aux_ref, FAST))[1]
     assert not np.array_equal(plain, mixed)  # the aux style vector is averaged in
-    with pytest.raises(OptionsError, match="prompt_text"):
+    with pytest.raises(OptionsError, match="transcript is required") as info:
         list(sup.studio("v3").cloner()("Nice to meet you.", "en", Reference(sup.wav_bytes(sup.clip())), FAST))
+    assert info.value.field == "reference.text"
 
 
 def test_progress_callback():
@@ -263,9 +264,9 @@ def short_clip() -> bytes:
 
 
 BAD_INPUT = [
-    ("text_lang", dict(text_lang="xx"), UnsupportedLanguageError, "text_lang"),
+    ("text_lang", dict(text_lang="xx"), UnsupportedLanguageError, "'xx'"),
     ("prompt_lang", dict(ref=Reference(sup.wav_bytes(sup.clip()), sup.REF_TEXT, "xx")), UnsupportedLanguageError,
-     "prompt_lang"),
+     "'xx'"),
     ("empty text", dict(text=""), TextError, "text is empty"),
     ("blank text", dict(text="  \n "), TextError, "text is empty"),
     ("huge text", dict(text="word " * 3000), TextError, "at most"),
@@ -281,21 +282,29 @@ BAD_INPUT = [
 ]
 
 
+FIELDS = {"text_lang": "text_lang", "prompt_lang": "reference.language", "empty text": "text", "huge text": "text",
+          "missing file": "reference.audio", "unreadable": "reference.audio", "too short": "reference.audio",
+          "silent": "reference.audio"}
+
+
 @pytest.mark.parametrize("case,change,error,match", BAD_INPUT, ids=[c[0] for c in BAD_INPUT])
 def test_bad_input_is_refused_with_the_field_named(case, change, error, match):
     cloner = VoiceCloner(sup.studio("v2").cloner().models, ReferenceCache())
     kwargs = dict(text="Nice to meet you.", text_lang="en", ref=reference(), options=FAST)
     kwargs.update(change)
-    with pytest.raises(error, match=match):
+    with pytest.raises(error, match=match) as info:
         list(cloner(kwargs["text"], kwargs["text_lang"], kwargs["ref"], kwargs["options"]))
+    assert info.value.field == FIELDS.get(case, info.value.field)  # the input at fault, in the engine's words
     assert len(cloner.cache) == 0  # nothing half-prepared is kept
 
 
 def test_reference_needs_prompt_lang_with_text():
-    with pytest.raises(OptionsError, match="prompt_lang"):
+    with pytest.raises(OptionsError, match="language is required") as info:
         Reference(b"x", "some transcript", "")
-    with pytest.raises(ReferenceAudioError, match="ref_audio_path"):
+    assert info.value.field == "reference.language"  # the engine's name; a front door says its own
+    with pytest.raises(ReferenceAudioError, match="reference clip is required") as info:
         Reference("")
+    assert info.value.field == "reference.audio"
 
 
 def test_results_are_released_as_soon_as_they_are_made():

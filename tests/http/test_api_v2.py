@@ -11,11 +11,12 @@ import httpx
 import pytest
 
 from engine.data import load_json
-from engine.errors import OptionsError, ReferenceAudioError
+from engine.errors import OptionsError
 from engine.options import EngineSettings, SynthesisOptions
 from studio.http.api_v2 import OPTION_FIELDS, STREAMING_MODES, TTSRequest, streaming_flags
 from studio.http.app import create_app
 from studio.http.context import ServerSettings
+from studio.http.limits import ServerLimits
 
 
 class FakeStudio:
@@ -72,13 +73,15 @@ def test_reference_paths_stay_inside_the_reference_folders(tmp_path) -> None:
     _, ctx = _context(tmp_path, reference_roots=(str(refs),))
     assert ctx.reference_path("sub/a.wav") == (refs / "sub" / "a.wav").resolve()
     assert ctx.reference_path(str(refs / "sub" / "a.wav")) == (refs / "sub" / "a.wav").resolve()
-    for bad in ("../outside.wav", "sub/../../outside.wav", str(tmp_path / "outside.wav"), "link.wav"):
-        with pytest.raises(OptionsError, match="outside the reference folders"):
-            ctx.reference_path(bad)
-    with pytest.raises(ReferenceAudioError, match="not found"):
-        ctx.reference_path("sub/b.wav")
-    with pytest.raises(OptionsError, match="NUL"):
-        ctx.reference_path("a\x00.wav")
+    refused = []
+    for bad in ("../outside.wav", "sub/../../outside.wav", str(tmp_path / "outside.wav"), "link.wav",
+                "../missing.wav", str(tmp_path / "missing.wav"), "sub/b.wav", "a\x00.wav"):
+        with pytest.raises(OptionsError) as info:
+            ctx.reference_path(bad, "ref_audio_path")
+        assert info.value.field == "ref_audio_path"
+        refused.append(str(info.value).replace(repr(bad), "PATH"))
+    # one message for every refusal: an existing file outside reads as a missing one (no existence oracle)
+    assert set(refused) == {"PATH is not a file in the server's reference folders"}
     _, closed = _context(tmp_path)
     with pytest.raises(OptionsError, match="server-side reference paths are disabled"):
         closed.reference_path("sub/a.wav")
@@ -90,12 +93,14 @@ def test_weight_paths_default_to_the_folders_of_the_default_weights(tmp_path) ->
     (tmp_path / "elsewhere.ckpt").write_bytes(b"x")
     _, ctx = _context(tmp_path)
     assert ctx.weight_path(str(tmp_path / "w" / "other.ckpt"), "gpt_weights_path").name == "other.ckpt"
-    with pytest.raises(OptionsError, match="gpt_weights_path .* outside the allowed weight folders"):
-        ctx.weight_path(str(tmp_path / "w" / ".." / "elsewhere.ckpt"), "gpt_weights_path")
+    for bad in (tmp_path / "w" / ".." / "elsewhere.ckpt", tmp_path / "nowhere.ckpt", tmp_path / "w" / "none.ckpt"):
+        with pytest.raises(OptionsError, match="is not a weight file in the server's weight folders") as info:
+            ctx.weight_path(str(bad), "gpt_weights_path")
+        assert info.value.field == "gpt_weights_path" and str(tmp_path / "w") not in str(info.value).split("'")[-1]
 
 
 def test_bodies_over_the_limit_are_refused_with_413(tmp_path) -> None:
-    app, _ = _context(tmp_path, max_upload_bytes=1000)
+    app, _ = _context(tmp_path, limits=ServerLimits(max_upload_bytes=1000))
 
     async def main():
         transport = httpx.ASGITransport(app=app)
@@ -114,7 +119,7 @@ def test_bodies_over_the_limit_are_refused_with_413(tmp_path) -> None:
     declared, chunked, small, metrics = asyncio.run(main())
     assert declared.status_code == 413 and "the limit is 1000" in declared.json()["message"]
     assert chunked.status_code == 413 and "the limit is 1000" in chunked.json()["message"]
-    assert small.status_code == 400 and small.json() == {"message": "text is required (it is empty)"}
+    assert small.status_code == 400 and small.json()["message"] == "text is required (it is empty)"
     assert 'sovits_requests_total{endpoint="/tts",status="413"} 2' in metrics.text
 
 
@@ -131,9 +136,11 @@ def test_apps_share_nothing(tmp_path) -> None:
 
 def test_settings_are_validated() -> None:
     with pytest.raises(OptionsError, match="workers"):
-        ServerSettings(workers=0)
+        ServerLimits(workers=0)
     with pytest.raises(OptionsError, match="max_tokens_per_sentence"):
-        ServerSettings(max_tokens_per_sentence=0)
+        ServerLimits(max_tokens_per_sentence=0)
+    with pytest.raises(OptionsError, match="shutdown_grace_s"):
+        ServerLimits(shutdown_grace_s=float("inf"))
     with pytest.raises(OptionsError, match="reference_roots"):
         ServerSettings(reference_roots="refs")
 
@@ -156,14 +163,17 @@ def test_an_unexpected_failure_is_a_json_500_and_counted(tmp_path) -> None:
 
     failed, openai, metrics = asyncio.run(main())
     assert failed.status_code == 500
-    assert failed.json() == {"message": "internal error: AssertionError: no synthesis expected"}
+    request_id = failed.headers["x-request-id"]
+    # no exception text in the body: the id, which the log line carries with the traceback
+    assert failed.json() == {"message": f"internal error (request id {request_id}); the server log has the details",
+                             "request_id": request_id}
     assert openai.status_code == 400 and openai.json()["error"]["param"] == "voice"  # no profiles folder
     assert 'sovits_requests_total{endpoint="/tts",status="500"} 1' in metrics.text
 
 
-def test_serve_command_starts_answers_and_exits_on_control(tmp_path) -> None:
-    """`sovits-studio serve` as a user runs it (no weights yet): it warns, serves, and `/control?command=exit`
-    ends it cleanly."""
+def test_serve_command_with_a_key_file_guards_every_route_and_exits_on_control(tmp_path) -> None:
+    """`sovits-studio serve --api-key-file` as a user runs it (no weights yet): it warns, serves only clients
+    with the key, and `/control?command=exit` (with the key) ends it cleanly."""
     import subprocess
     import sys
     import time
@@ -172,21 +182,30 @@ def test_serve_command_starts_answers_and_exits_on_control(tmp_path) -> None:
     from tests.support.server import free_port
 
     port = free_port()
+    key = "test-key-0123456789abcdef"
+    (tmp_path / "keys").write_text(f"# the clients' key\n{key}\n", encoding="utf-8")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-m", "studio.cli", "serve", "-p", str(port)], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "studio.cli", "serve", "-p", str(port), "--api-key-file", "keys"],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    auth = {"X-API-Key": key}
     try:
         deadline = time.monotonic() + 120
         while True:
             try:
-                health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+                health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=2, headers=auth)
                 break
             except httpx.TransportError:
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise AssertionError(f"serve did not start: {proc.communicate()[1][-2000:]}") from None
                 time.sleep(0.2)
         assert health.json()["status"] == "ok"
-        assert httpx.get(f"http://127.0.0.1:{port}/control", params={"command": "exit"}).status_code == 200
+        for path in ("/health", "/tts", "/metrics", "/v1/voices", "/docs", "/control?command=exit"):  # every route
+            assert httpx.get(f"http://127.0.0.1:{port}{path}").status_code == 401, path
+        wrong = httpx.get(f"http://127.0.0.1:{port}/control", params={"command": "exit"},
+                          headers={"Authorization": "Bearer not-the-key-at-all-000"})
+        assert wrong.status_code == 401
+        done = httpx.get(f"http://127.0.0.1:{port}/control", params={"command": "exit"}, headers=auth)
+        assert done.status_code == 200
         _, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
@@ -213,5 +232,5 @@ def test_mounted_under_a_prefix_keeps_its_error_shapes_and_labels(tmp_path) -> N
 
     speech, tts, metrics = asyncio.run(main())
     assert speech.status_code == 400 and speech.json()["error"]["param"] == "voice"
-    assert tts.status_code == 400 and tts.json() == {"message": "text is required (it is empty)"}
+    assert tts.status_code == 400 and tts.json()["message"] == "text is required (it is empty)"
     assert 'sovits_requests_total{endpoint="/tts",status="400"} 1' in metrics.text

@@ -71,9 +71,11 @@ def server(studio, tree, refs, tmp_path_factory):
     from studio.http.context import ServerSettings
 
     root, _ = tree
+    from studio.http.limits import ServerLimits
+
+    limits = ServerLimits(max_upload_bytes=1 << 20, workers=4, max_queue=32, max_tokens_per_sentence=MAX_TOKENS)
     settings = ServerSettings(reference_roots=(str(refs),), weight_roots=(str(root / "GPT_SoVITS"),),
-                              profiles_dir=str(tmp_path_factory.mktemp("voices")), max_upload_bytes=1 << 20,
-                              workers=4, max_queue=32, max_tokens_per_sentence=MAX_TOKENS)
+                              profiles_dir=str(tmp_path_factory.mktemp("voices")), limits=limits)
     app = create_app(studio, settings)
     with running_server(app) as url:
         yield url
@@ -174,18 +176,19 @@ def _bad_cases(root: Path, refs: Path) -> list[tuple[dict, int, str]]:
         ({"media_type": "mp4"}, 400, "media_type: 'mp4' is not supported"),
         ({"streaming_mode": 7}, 400, "streaming_mode: 7 is not valid"),
         ({"text_split_method": "cut9"}, 400, "text_split_method 'cut9' is unknown"),
-        ({"ref_audio_path": None}, 400, "ref_audio_path is required"),
-        ({"ref_audio_path": "../secret.wav"}, 400, "ref_audio_path: '../secret.wav' is outside the reference folders"),
-        ({"ref_audio_path": str(refs.parent / "secret.wav")}, 400, "is outside the reference folders"),
-        ({"ref_audio_path": "missing.wav"}, 400, "ref_audio_path: 'missing.wav' not found"),
-        ({"ref_audio_path": "junk.wav"}, 400, "ref_audio_path: cannot read audio"),
+        ({"ref_audio_path": None}, 400, "ref_audio_path: a reference clip is required"),
+        ({"ref_audio_path": "../secret.wav"}, 400, "ref_audio_path: '../secret.wav' is not a file in the server's"),
+        ({"ref_audio_path": str(refs.parent / "secret.wav")}, 400, "is not a file in the server's reference folders"),
+        ({"ref_audio_path": "missing.wav"}, 400, "ref_audio_path: 'missing.wav' is not a file in the server's"),
+        ({"ref_audio_path": "junk.wav"}, 400, "ref_audio_path: the clip cannot be decoded as audio"),
         ({"ref_audio_path": "short.wav"}, 400, "ref_audio_path: reference audio is 1.00 s long (too short)"),
-        ({"aux_ref_audio_paths": ["../secret.wav"]}, 400, "aux_ref_audio_paths[0]: '../secret.wav' is outside"),
-        ({"gpt_weights_path": "/etc/passwd"}, 400, "gpt_weights_path '/etc/passwd' is outside the allowed"),
+        ({"aux_ref_audio_paths": ["../secret.wav"]}, 400, "aux_ref_audio_paths[0]: '../secret.wav' is not a file"),
+        ({"gpt_weights_path": "/etc/passwd"}, 400, "gpt_weights_path: '/etc/passwd' is not a weight file"),
         ({"gpt_weights_path": str(root / "GPT_SoVITS/../../x.ckpt")}, 400, "gpt_weights_path"),
         ({"sovits_weights_path": str(root / "GPT_SoVITS/pretrained_models/nope.pth")}, 400,
          "sovits_weights_path"),
-        ({"sovits_weights_path": str(root / "GPT_SoVITS/pretrained_models/broken.pth")}, 400, "broken.pth"),
+        ({"sovits_weights_path": str(root / "GPT_SoVITS/pretrained_models/broken.pth")}, 400,
+         "the weight file cannot be loaded"),
         ({"text_lang": "ko", "gpt_weights_path": str(v1_gpt), "sovits_weights_path": str(v1_sovits)}, 400,
          "text_lang: language 'ko' is not supported by v1 models"),
     ]
@@ -242,10 +245,10 @@ def test_set_weights_changes_the_defaults_only(server, studio, tree, refs) -> No
     v1_gpt, v1_sovits = weight_files(root, "v1")
     v2_gpt, v2_sovits = weight_files(root, "v2")
     with httpx.Client(base_url=server, timeout=TIMEOUT) as c:
-        assert c.get("/set_gpt_weights").json() == {"message": "gpt weight path is required"}
+        assert c.get("/set_gpt_weights").json()["message"] == "gpt weight path is required"
         outside = c.get("/set_gpt_weights", params={"weights_path": "/etc/passwd"})
         assert outside.status_code == 400 and outside.json()["message"] == "change gpt weight failed"
-        assert "outside the allowed weight folders" in outside.json()["Exception"]
+        assert "is not a weight file in the server's weight folders" in outside.json()["Exception"]
         broken = c.get("/set_sovits_weights", params={"weights_path": str(root / "GPT_SoVITS/pretrained_models/broken.pth")})
         assert broken.status_code == 400 and broken.json()["message"] == "change sovits weight failed"
         before = c.get("/tts", params=tts_query()).content
@@ -263,18 +266,29 @@ def test_set_weights_changes_the_defaults_only(server, studio, tree, refs) -> No
     assert after != before
 
 
-def test_control_needs_the_serve_command(server, studio) -> None:
+def test_control_needs_the_serve_command_and_a_key_or_allow_control(server, studio) -> None:
     from studio.http.app import create_app
+    from studio.http.auth import Access
+    from studio.http.context import ServerSettings
 
     with httpx.Client(base_url=server) as c:
-        assert c.get("/control").json() == {"message": "command is required"}
+        assert c.get("/control").json()["message"] == "command is required"
         assert c.get("/control", params={"command": "reboot"}).status_code == 400
         assert c.get("/control", params={"command": "exit"}).status_code == 403  # embedded: no process control
     calls: list[str] = []
-    with running_server(create_app(studio, on_control=calls.append)) as url:
+    with running_server(create_app(studio, on_control=calls.append)) as url:  # no key: control is off
+        off = httpx.get(f"{url}/control", params={"command": "exit"})
+        assert off.status_code == 403 and "--allow-control" in off.json()["message"]
+    with running_server(create_app(studio, ServerSettings(allow_control=True), on_control=calls.append)) as url:
         assert httpx.get(f"{url}/control", params={"command": "restart"}).status_code == 200
         assert httpx.post(f"{url}/control", json={"command": "exit"}).status_code == 200
-    assert calls == ["restart", "exit"]
+    key = "k" * 24
+    keyed = ServerSettings(access=Access(api_keys=(key,)))
+    with running_server(create_app(studio, keyed, on_control=calls.append)) as url:  # a key turns it on, and guards it
+        assert httpx.get(f"{url}/control", params={"command": "exit"}).status_code == 401
+        assert httpx.get(f"{url}/control", params={"command": "exit"},
+                         headers={"Authorization": f"Bearer {key}"}).status_code == 200
+    assert calls == ["restart", "exit", "exit"]
 
 
 def test_set_refer_audio_checks_the_clip(server) -> None:

@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-import io
 import json
 
-import numpy as np
 import pytest
-import soundfile as sf
 
 from engine.errors import OptionsError, ReferenceAudioError
 from studio.http.profiles import ProfileExistsError, ProfileNotFoundError, ProfileStore
 
 
-def _wav(seconds: float = 0.5, sr: int = 16000) -> bytes:
-    buf = io.BytesIO()
-    sf.write(buf, (0.1 * np.sin(np.arange(int(seconds * sr)) * 0.05)).astype(np.float32), sr, format="WAV")
-    return buf.getvalue()
+def _wav(seconds: float = 3.5, sr: int = 16000) -> bytes:
+    """A clip that passes the reference checks (3-10 s of voiced-sounding audio)."""
+    from tests.support.server import reference_wav
+
+    return reference_wav(1, seconds=seconds, sr=sr)
 
 
 def test_save_get_list_delete(tmp_path) -> None:
@@ -27,7 +25,7 @@ def test_save_get_list_delete(tmp_path) -> None:
     assert store.get("alice_01") == p and store.names() == ["alice_01"] and store.list() == [p]
     with pytest.raises(ProfileExistsError):
         store.save("alice_01", _wav(), "x", "en")
-    store.save("alice_01", _wav(1.0), "hello.", "en", overwrite=True)
+    store.save("alice_01", _wav(4.0), "hello.", "en", overwrite=True)
     assert store.get("alice_01").prompt_lang == "en"
     store.delete("alice_01")
     with pytest.raises(ProfileNotFoundError, match="no saved voice named 'alice_01'"):
@@ -45,15 +43,19 @@ def test_bad_names_are_refused(tmp_path, name) -> None:
 
 
 def test_bad_uploads_are_refused(tmp_path) -> None:
-    store = ProfileStore(tmp_path, max_audio_bytes=10_000)
-    with pytest.raises(OptionsError, match="audio: the clip is .* bytes; the limit is 10000"):
-        store.save("big", _wav(1.0), "x", "en")
-    with pytest.raises(ReferenceAudioError, match="audio: not a readable audio file"):
+    store = ProfileStore(tmp_path, max_audio_bytes=200_000)
+    with pytest.raises(OptionsError, match="audio: the clip is .* bytes; the limit is 200000"):
+        store.save("big", _wav(9.0), "x", "en")
+    with pytest.raises(ReferenceAudioError, match="cannot read audio") as info:
         store.save("junk", b"not audio at all", "x", "en")
+    assert info.value.field == "audio"
+    with pytest.raises(ReferenceAudioError, match="too short") as info:  # the reference rules, as a request's clip
+        store.save("short", _wav(1.0), "x", "en")
+    assert info.value.field == "audio"
     with pytest.raises(OptionsError, match="prompt_lang: 'klingon'"):
-        store.save("lang", _wav(0.1), "x", "klingon")
+        store.save("lang", _wav(), "x", "klingon")
     with pytest.raises(OptionsError, match="not accepted"):
-        store.save("exe", _wav(0.1), "x", "en", suffix=".exe")
+        store.save("exe", _wav(), "x", "en", suffix=".exe")
     assert store.names() == []
 
 

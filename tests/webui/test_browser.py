@@ -39,6 +39,7 @@ def url():
     from engine.config import load_config
     from engine.pipeline import Studio
     from studio.http.context import ServerSettings
+    from studio.http.limits import ServerLimits
     from webui.app import UISettings
     from webui.models_list import ModelCatalog
     from webui.server import create_webui_app
@@ -48,7 +49,7 @@ def url():
     studio = Studio.from_config(config, device="cpu", precision="fp32")
     v1 = model_config("v1").parent / "GPT_SoVITS" / "pretrained_models"  # a GPT that does not fit v2's SoVITS
     app = create_webui_app(studio, config, UISettings(max_tokens_per_sentence=MAX_TOKENS),
-                           ServerSettings(max_tokens_per_sentence=MAX_TOKENS),
+                           ServerSettings(limits=ServerLimits(max_tokens_per_sentence=MAX_TOKENS)),
                            catalog=ModelCatalog(path.parent, extra_dirs=(v1,)))
     with running_server(app) as base:
         yield base

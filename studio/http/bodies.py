@@ -1,0 +1,86 @@
+"""Reading request bodies with one rule: anything malformed is a 400 that names the part at fault, raised
+before any work starts (never a parser's exception, never its text in the answer).
+
+JSON: UTF-8 (or the UTF-16/32 that ``json`` detects), at most ``max_depth`` levels of nesting, one
+object. Forms: multipart or urlencoded, a bounded number of fields and files, every text field UTF-8.
+The size and read-time limits of the whole body are the guard's (:mod:`studio.http.guard`).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from engine.errors import OptionsError
+
+BODY = "request body"
+
+
+def parse_json(raw: bytes, max_depth: int) -> dict[str, Any]:
+    """One JSON object from ``raw``; OptionsError (field ``request body``) for anything else."""
+    if not raw.strip():
+        raise OptionsError("expected a JSON object, got an empty body", field=BODY)
+    try:
+        data = json.loads(raw)
+    except RecursionError:
+        raise OptionsError(f"JSON nested deeper than {max_depth} levels", field=BODY) from None
+    except UnicodeDecodeError:
+        raise OptionsError("not UTF-8 text; send JSON encoded as UTF-8", field=BODY) from None
+    except json.JSONDecodeError as e:
+        raise OptionsError(f"not valid JSON ({e.msg} at line {e.lineno} column {e.colno})", field=BODY) from None
+    except ValueError:  # e.g. an integer of more digits than Python converts
+        raise OptionsError("not valid JSON (a value is out of range: a number with too many digits?)",
+                           field=BODY) from None
+    if _depth(data) > max_depth:
+        raise OptionsError(f"JSON nested deeper than {max_depth} levels", field=BODY)
+    if not isinstance(data, dict):
+        raise OptionsError("expected a JSON object of named fields", field=BODY)
+    return data
+
+
+def _depth(value: Any) -> int:
+    """Nesting depth of parsed JSON (a scalar is 0), without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict):
+            item = list(item.values())
+        if isinstance(item, list):
+            deepest = max(deepest, level)
+            stack.extend((v, level + 1) for v in item if isinstance(v, (dict, list)))
+    return deepest
+
+
+async def read_json(request, max_depth: int) -> dict[str, Any]:
+    return parse_json(await request.body(), max_depth)
+
+
+def is_form(request) -> bool:
+    ctype = request.headers.get("content-type", "").lower()
+    return ctype.startswith("multipart/form-data") or ctype.startswith("application/x-www-form-urlencoded")
+
+
+async def read_form(request, max_files: int, max_fields: int):
+    """The parsed form (close it when done); OptionsError for a malformed body, too many parts or a
+    text field that is not UTF-8."""
+    from starlette.exceptions import HTTPException
+    from starlette.formparsers import MultiPartException
+
+    try:
+        form = await request.form(max_files=max_files, max_fields=max_fields)
+    except MultiPartException as e:  # starlette's own limits and checks: plain sentences of its own
+        raise OptionsError(str(e), field=BODY) from None
+    except HTTPException as e:  # the same, as starlette reports them inside an app
+        if e.status_code != 400:
+            raise
+        raise OptionsError(str(e.detail), field=BODY) from None
+    except (ValueError, KeyError, AssertionError) as e:  # python-multipart's parse errors, bad encodings
+        raise OptionsError(f"malformed form data ({_kind(e)}); send multipart/form-data with a boundary",
+                           field=BODY) from None
+    return form
+
+
+def _kind(e: Exception) -> str:
+    if isinstance(e, UnicodeDecodeError):
+        return "a field is not UTF-8"
+    return "the multipart structure cannot be parsed"

@@ -1,0 +1,186 @@
+"""The outermost layer of the HTTP app (ASGI): what holds for every request, whatever route it reaches.
+
+Per request, in order: an :class:`~studio.http.exchange.Exchange` with an id (sent back as
+``X-Request-Id``); the credentials check (401, counted); the body limit against Content-Length (413
+before anything is read) and again while reading, with a read timeout (408); then the app. Anything
+the app lets escape becomes a JSON 500 naming the request id (the traceback goes to the log under that
+id), or, when the answer has already begun (a stream), a log line and a connection closed before the
+end of the chunked body, so the client sees an incomplete answer instead of a short one. Finally the
+request is counted by status and by outcome, its work cancelled and its admission released.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+from studio.http.exchange import (
+    CANCELLED, COMPLETED, FAILED, FAILED_MID_STREAM, INVALID, REJECTED_BUSY, TIMED_OUT, UNAUTHORISED, ClientGone,
+    Exchange,
+)
+from studio.http.errors import endpoint_label, error_json, local_path
+
+log = logging.getLogger("studio.http")
+CLIENT_CLOSED = 499  # the status label of a request whose client left before the answer (nginx's code)
+
+
+class BodyTooLarge(Exception):
+    """The body went over ``max_upload_bytes`` while being read."""
+
+
+class BodyTimeout(Exception):
+    """The client stopped sending its body for longer than ``body_timeout_s``."""
+
+
+def outcome_of(ex: Exchange, status: int) -> str:
+    if ex.outcome is not None:
+        return ex.outcome
+    if ex.client_gone and not ex.completed:
+        return CANCELLED
+    if status == 401:
+        return UNAUTHORISED
+    if status == 503:
+        return REJECTED_BUSY
+    if status in (408, 504):
+        return TIMED_OUT
+    if 400 <= status < 500:
+        return INVALID
+    if status >= 500:
+        return FAILED
+    return COMPLETED
+
+
+class Guard:
+    """See the module docstring. ``ctx`` is the app's ServerContext; ``api`` the FastAPI app, whose
+    non-mounted routes the credentials protect (a mounted app, the web page, has its own login)."""
+
+    def __init__(self, app, ctx, api) -> None:
+        self.app, self.ctx, self.api = app, ctx, api
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        ex = Exchange(endpoint_label(local_path(scope)))
+        scope.setdefault("state", {})["exchange"] = ex
+        status = {"code": 500, "started": False}
+        try:
+            await self._handle(scope, receive, send, ex, status)
+        finally:
+            ex.finish()
+            self._count(ex, status)
+
+    async def _handle(self, scope, receive, send, ex: Exchange, status: dict) -> None:
+        limits = self.ctx.limits
+        headers = dict(scope.get("headers") or ())
+
+        async def send_(message) -> None:
+            if message["type"] == "http.response.start":
+                status["code"], status["started"] = message["status"], True
+                message = {**message, "headers": [*message.get("headers", ()), (b"x-request-id", ex.id.encode())]}
+            await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                ex.completed = True
+
+        if self.ctx.access.required and self._protected(scope) and not self.ctx.access.allows(headers):
+            await self._reject(send_, ex, scope, 401, "authentication required: " + self._how(),
+                               [(b"www-authenticate", self.ctx.access.challenge.encode())])
+            return
+        length = headers.get(b"content-length", b"")
+        if length.isdigit() and int(length) > limits.max_upload_bytes:
+            await self._reject(send_, ex, scope, 413, f"request body: {int(length)} bytes; the limit is "
+                                                      f"{limits.max_upload_bytes} (max_upload_bytes)")
+            return
+        receive_ = self._limited(receive, ex)
+        try:
+            await self.app(scope, receive_, send_)
+        except BodyTooLarge:
+            limit = limits.max_upload_bytes
+            await self._reject(send_, ex, scope, 413, f"request body: more than {limit} bytes; the limit is {limit} "
+                                                      f"(max_upload_bytes)")
+        except BodyTimeout:
+            await self._reject(send_, ex, scope, 408, f"request body: nothing arrived for {limits.body_timeout_s:g} s "
+                                                      f"(body_timeout_s); send the body without pauses")
+        except Exception as exc:  # noqa: BLE001 - the last place an error can be turned into an answer
+            if _client_left(exc) or ex.client_gone:
+                ex.client_gone = True
+                if not status["started"]:
+                    status["code"] = CLIENT_CLOSED
+                return
+            if status["started"]:
+                ex.outcome = ex.outcome or FAILED_MID_STREAM
+                log.error("request %s: %s failed after its answer began; the stream was cut", ex.id,
+                          local_path(scope), exc_info=exc)
+                return  # the server closes the connection before the chunked body's end: the client sees it
+            log.error("request %s: %s failed", ex.id, local_path(scope), exc_info=exc)
+            await self._reject(send_, ex, scope, 500, f"internal error (request id {ex.id}); the server log "
+                                                      f"has the details")
+
+    def _limited(self, receive, ex: Exchange):
+        limits = self.ctx.limits
+        seen = {"bytes": 0, "done": False}
+
+        async def receive_() -> dict[str, Any]:
+            if seen["done"]:
+                message = await receive()
+            else:
+                try:
+                    message = await asyncio.wait_for(receive(), limits.body_timeout_s)
+                except TimeoutError:
+                    raise BodyTimeout() from None
+            if message["type"] == "http.disconnect":
+                ex.client_gone = True
+            elif message["type"] == "http.request":
+                seen["bytes"] += len(message.get("body", b""))
+                seen["done"] = not message.get("more_body", False)
+                if seen["bytes"] > limits.max_upload_bytes:
+                    raise BodyTooLarge()
+            return message
+
+        return receive_
+
+    def _protected(self, scope) -> bool:
+        """Every route of the API, and any path no route takes; not a mounted app (it has its own login)."""
+        from starlette.routing import Match, Mount
+
+        mounted = False
+        for route in self.api.routes:
+            match = route.matches(scope)[0]
+            if match == Match.NONE:
+                continue
+            if not isinstance(route, Mount):
+                return True
+            mounted = True
+        return not mounted
+
+    def _how(self) -> str:
+        if self.ctx.access.api_keys:
+            return "send the API key as 'Authorization: Bearer <key>' or 'X-API-Key: <key>'"
+        return "log in with HTTP Basic (the --auth credentials)"
+
+    async def _reject(self, send, ex: Exchange, scope, status: int, message: str,
+                      headers: list[tuple[bytes, bytes]] | None = None) -> None:
+        body = json.dumps(error_json(scope, status, message, ex.id)).encode()
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                                *(headers or ())]})
+        await send({"type": "http.response.body", "body": body})
+
+    def _count(self, ex: Exchange, status: dict) -> None:
+        metrics = self.ctx.metrics
+        code = status["code"]
+        if ex.client_gone and not status["started"]:
+            code = CLIENT_CLOSED
+        outcome = outcome_of(ex, code)
+        metrics.requests.inc({"endpoint": ex.endpoint, "status": str(code)})
+        metrics.outcomes.inc({"endpoint": ex.endpoint, "outcome": outcome})
+        if outcome == COMPLETED and ex.audio_seconds:
+            metrics.audio_seconds.inc(amount=ex.audio_seconds)
+
+
+def _client_left(exc: BaseException) -> bool:
+    from starlette.requests import ClientDisconnect
+
+    return isinstance(exc, (ClientGone, ClientDisconnect))

@@ -1,0 +1,111 @@
+"""Running an app under uvicorn with the server's limits: connection timeouts and a bounded shutdown.
+
+:func:`uvicorn_config` turns :class:`~studio.http.limits.ServerLimits` into uvicorn's knobs: the
+keep-alive timeout, ``limit_concurrency`` (more open connections and requests than that get 503), the
+graceful-shutdown timeout, and an HTTP/1.1 protocol that closes a connection which has not sent its
+request headers within ``header_timeout_s`` (uvicorn itself waits forever). The body read timeout is the
+guard's. :class:`DrainingServer` starts draining the app on SIGTERM/SIGINT before uvicorn stops: new
+synthesis requests and queued ones get 503 + Retry-After, ``/health`` says "draining", running requests
+get ``shutdown_grace_s`` and are then cancelled. :func:`wait_for_workers` bounds the wait for a worker
+thread still inside one step of synthesis.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from studio.http.limits import ServerLimits
+
+log = logging.getLogger("studio.http")
+
+
+class HeaderTimeoutProtocol(H11Protocol):
+    """h11 with a deadline for request headers: a connection that is silent, or sends half a request
+    line, is closed after ``header_timeout`` seconds (also between keep-alive requests)."""
+
+    header_timeout = ServerLimits.header_timeout_s
+
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._header_timer = None
+        self._arm()
+
+    def _waiting_for_headers(self) -> bool:
+        return self.cycle is None or self.cycle.response_complete
+
+    def _arm(self) -> None:
+        if self._header_timer is None:
+            self._header_timer = self.loop.call_later(self.header_timeout, self._expired)
+
+    def _disarm(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self._waiting_for_headers():
+            self._arm()
+        else:
+            self._disarm()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._disarm()  # idle now: uvicorn's keep-alive timer applies; new bytes arm the header deadline
+
+    def connection_lost(self, exc) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _expired(self) -> None:
+        self._header_timer = None
+        if self._waiting_for_headers() and not self.transport.is_closing():
+            self.transport.close()
+
+
+def uvicorn_config(app: Any, host: str, port: int, limits: ServerLimits, **extra: Any) -> uvicorn.Config:
+    """A uvicorn config that applies ``limits`` (see the module docstring)."""
+    protocol = type("HeaderTimeoutProtocol", (HeaderTimeoutProtocol,), {"header_timeout": limits.header_timeout_s})
+    return uvicorn.Config(app, host=host, port=port, http=protocol, limit_concurrency=limits.max_connections,
+                          timeout_keep_alive=max(1, round(limits.keep_alive_s)),
+                          timeout_graceful_shutdown=max(1, round(limits.shutdown_grace_s)), **extra)
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server that drains the app's synthesis admission as soon as an exit is asked for
+    (signal or :meth:`request_exit`), before uvicorn stops accepting connections."""
+
+    def __init__(self, config: uvicorn.Config, context: Any) -> None:
+        super().__init__(config)
+        self.context = context
+
+    def handle_exit(self, sig, frame) -> None:  # type: ignore[override]
+        self.context.drain()
+        super().handle_exit(sig, frame)
+
+    def request_exit(self) -> None:
+        """Exit as a SIGTERM would (from any thread)."""
+        self.context.drain()
+        self.should_exit = True
+
+
+def wait_for_workers(context: Any, grace_s: float) -> bool:
+    """True once no synthesis runs (a stopped request's worker ends at its next check); False after ``grace_s``."""
+    deadline = time.monotonic() + grace_s
+    while context.admission.active or _running(context):
+        if time.monotonic() > deadline:
+            names = [t.name for t in threading.enumerate() if t.name.startswith("synthesis")]
+            log.error("exiting with %d synthesis thread(s) still running (%s)", len(names), ", ".join(names))
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _running(context: Any) -> int:
+    return int(getattr(context.runner, "running", 0) or 0)

@@ -1,0 +1,109 @@
+"""Every bound a running server keeps, in one frozen dataclass with its defaults (:class:`ServerLimits`).
+
+``serve``, ``webui`` and any other deployment build one ``ServerLimits`` and hand it to
+:func:`studio.http.app.create_app` (inside :class:`~studio.http.context.ServerSettings`) and to
+:func:`studio.http.lifecycle.uvicorn_config`; nothing else holds a limit. A request over a limit gets a
+4xx/5xx naming the limit, never unbounded work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass, fields
+
+from engine.errors import OptionsError
+
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """How much one server admits, reads, computes and waits for. Times in seconds."""
+
+    # ---- admission -------------------------------------------------------------------------
+    workers: int = 1  # syntheses computed at once
+    max_queue: int = 32  # admitted syntheses waiting beyond those; more get 503 + Retry-After at once,
+    # before their body is read
+    retry_after_s: float = 1.0  # the Retry-After of a busy 503
+    # ---- request bodies ----------------------------------------------------------------------
+    max_upload_bytes: int = 20 * MIB  # a whole request body (JSON or multipart with every clip): over it, 413;
+    # checked against Content-Length first and again while reading, with no slack
+    max_json_depth: int = 32  # nesting of a JSON body (objects and lists); deeper: 400
+    max_form_fields: int = 64  # multipart/urlencoded fields of one request
+    header_timeout_s: float = 10.0  # a connection must send its request headers within this; else it is closed
+    body_timeout_s: float = 30.0  # longest wait for the next piece of a request body; else 408
+    keep_alive_s: float = 5.0  # an idle keep-alive connection is closed after this
+    max_connections: int = 512  # open connections + running requests; beyond, uvicorn answers 503
+    # ---- work ----------------------------------------------------------------------------------
+    request_timeout_s: float = 600.0  # one synthesis request, admission to last byte; then 504 (or the
+    # stream ends with an error) and its work is cancelled
+    max_audio_seconds: float = 600.0  # audio of one whole-file response (streaming has no such cap);
+    # over it: 400 and the work stops
+    max_pending_chunks: int = 8  # streamed results waiting for a slow client before synthesis pauses
+    max_tokens_per_sentence: int | None = None  # cap on semantic tokens per sentence (25 per second of
+    # audio); None: the GPT checkpoint's own limit (50 * max_sec = 2700, i.e. up to ~108 s per sentence)
+    max_profiles: int = 256  # saved voices
+    # ---- shutdown ------------------------------------------------------------------------------
+    shutdown_grace_s: float = 30.0  # after SIGTERM: running requests get this long, queued ones 503 at once
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "max_tokens_per_sentence" and value is None:
+                continue
+            if f.type in ("int", "int | None"):
+                low = 1 if f.name in ("workers", "max_upload_bytes", "max_json_depth", "max_connections",
+                                      "max_pending_chunks", "max_tokens_per_sentence") else 0
+                if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                    raise OptionsError(f"{f.name} must be an integer >= {low}, got {value!r}", field=f.name)
+            elif (not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value)
+                  or value <= 0):
+                raise OptionsError(f"{f.name} must be a positive number of seconds, got {value!r}", field=f.name)
+
+    @property
+    def max_inflight(self) -> int:
+        """Synthesis requests admitted at once (reading their body, queued, computing or streaming)."""
+        return self.workers + self.max_queue
+
+
+# ---- command-line flags (serve, webui) ---------------------------------------------------------
+
+_FLAGS = {  # field -> (flag, help); MiB for the upload size
+    "workers": ("--workers", "syntheses computed at once, page and API together"),
+    "max_queue": ("--max-queue", "syntheses waiting beyond that; more get 503 at once"),
+    "max_upload_bytes": ("--max-upload-mb", "request body limit in MiB (the whole body, clips included)"),
+    "request_timeout_s": ("--request-timeout", "seconds one synthesis request may take; then 504 and its work stops"),
+    "max_audio_seconds": ("--max-audio-seconds", "longest audio of a whole-file response (streaming: no cap)"),
+    "shutdown_grace_s": ("--shutdown-grace", "seconds running requests get after SIGTERM before the server exits"),
+    "header_timeout_s": ("--header-timeout", "seconds a connection may take to send its request headers"),
+    "body_timeout_s": ("--body-timeout", "seconds to wait for the next piece of a request body (then 408)"),
+    "max_tokens_per_sentence": ("--max-tokens-per-sentence",
+                                "cap semantic tokens per sentence (25 per second of audio; default: the GPT file's)"),
+}
+
+
+def add_limit_arguments(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
+    """The limits a user sets from a command line, with the defaults of :class:`ServerLimits`."""
+    d = ServerLimits()
+    for name, (flag, text) in _FLAGS.items():
+        if name in skip:
+            continue
+        default = getattr(d, name)
+        kind = int if name in ("workers", "max_queue", "max_tokens_per_sentence") else float
+        if name == "max_upload_bytes":
+            default = default / MIB
+        shown = "none" if default is None else f"{default:g}"
+        dest = "max_upload_mb" if name == "max_upload_bytes" else name
+        parser.add_argument(flag, type=kind, default=default, dest=dest, help=f"{text} (default {shown})")
+
+
+def limits_from_args(args: argparse.Namespace, **overrides) -> ServerLimits:
+    """:class:`ServerLimits` from the flags of :func:`add_limit_arguments` (absent flags keep the defaults)."""
+    values = {}
+    for name in _FLAGS:
+        if name == "max_upload_bytes" and hasattr(args, "max_upload_mb"):
+            values[name] = round(args.max_upload_mb * MIB)
+        elif name != "max_upload_bytes" and hasattr(args, name):
+            values[name] = getattr(args, name)
+    return ServerLimits(**{**values, **overrides})
