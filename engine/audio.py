@@ -225,3 +225,16 @@ def kaldi_fbank(wav16k: torch.Tensor, num_mel_bins: int = 80) -> torch.Tensor:
     if wav16k.shape[0] < 400:
         raise ReferenceAudioError("audio is shorter than one 25 ms frame; the speaker embedding needs more")
     return kaldi.fbank(wav16k.float().unsqueeze(0), num_mel_bins=num_mel_bins, sample_frequency=16000, dither=0)
+
+
+def postprocess(audio: torch.Tensor) -> np.ndarray:
+    """Official ``audio_postprocess`` per fragment: divide by the peak when it exceeds 1; -> float32 numpy."""
+    x = audio.detach().float().cpu()
+    peak = x.abs().max() if x.numel() else torch.tensor(0.0)
+    if peak > 1:
+        x = x / peak
+    return x.numpy()
+
+
+def silence(seconds: float, rate: int) -> np.ndarray:
+    return np.zeros(int(rate * seconds), dtype=np.float32)

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from engine.audio import postprocess, silence
 from engine.errors import (
     CheckpointError,
     EngineError,
@@ -167,19 +168,6 @@ def bucket_batches(lengths: Sequence[int], batch_size: int, threshold: float, sp
                 break
             end -= 1
     return batches
-
-
-def postprocess(audio: torch.Tensor) -> np.ndarray:
-    """Official ``audio_postprocess`` per fragment: divide by the peak when it exceeds 1; -> float32 numpy."""
-    x = audio.detach().float().cpu()
-    peak = x.abs().max() if x.numel() else torch.tensor(0.0)
-    if peak > 1:
-        x = x / peak
-    return x.numpy()
-
-
-def silence(seconds: float, rate: int) -> np.ndarray:
-    return np.zeros(int(rate * seconds), dtype=np.float32)
 
 
 def _read_clip_bytes(source: str | os.PathLike | bytes, what: str, field: str) -> bytes:

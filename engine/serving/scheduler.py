@@ -451,7 +451,7 @@ class Scheduler:
 
     def _put_chunk(self, request: Request, sentence: Any, toks: list[int] | None, final: bool,
                    audio: torch.Tensor | None) -> None:
-        from engine.pipeline import postprocess
+        from engine.audio import postprocess
 
         ctx: Context = request.context
         ends = final and not ctx.gap.size
@@ -462,7 +462,7 @@ class Scheduler:
 
     @torch.inference_mode()
     def _run_acoustic(self, kind: str, request: Request, sentence: Any, payload: Any, voice: Any) -> None:
-        from engine.pipeline import postprocess
+        from engine.audio import postprocess
 
         ctx: Context = request.context
         if kind == "chunk":

@@ -16,7 +16,13 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from engine.errors import (
-    BusyError, CheckpointError, EngineError, OptionsError, ReferenceAudioError, TextError, UnsupportedLanguageError,
+    BusyError,
+    CheckpointError,
+    EngineError,
+    OptionsError,
+    ReferenceAudioError,
+    TextError,
+    UnsupportedLanguageError,
 )
 
 log = logging.getLogger("studio.http")

@@ -16,11 +16,19 @@ import json
 import logging
 from typing import Any
 
+from studio.http.errors import endpoint_label, error_json, local_path
 from studio.http.exchange import (
-    CANCELLED, COMPLETED, FAILED, FAILED_MID_STREAM, INVALID, REJECTED_BUSY, TIMED_OUT, UNAUTHORISED, ClientGone,
+    CANCELLED,
+    COMPLETED,
+    FAILED,
+    FAILED_MID_STREAM,
+    INVALID,
+    REJECTED_BUSY,
+    TIMED_OUT,
+    UNAUTHORISED,
+    ClientGone,
     Exchange,
 )
-from studio.http.errors import endpoint_label, error_json, local_path
 
 log = logging.getLogger("studio.http")
 CLIENT_CLOSED = 499  # the status label of a request whose client left before the answer (nginx's code)

@@ -17,7 +17,12 @@ from pydantic import BaseModel, ValidationError
 from engine.errors import OptionsError, UnsupportedLanguageError
 from engine.options import SynthesisOptions
 from studio.http.exchange import (
-    TIMED_OUT, AudioLimitError, Exchange, JobControl, RequestTimeoutError, await_work,
+    TIMED_OUT,
+    AudioLimitError,
+    Exchange,
+    JobControl,
+    RequestTimeoutError,
+    await_work,
 )
 
 if TYPE_CHECKING:
