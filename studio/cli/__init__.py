@@ -17,6 +17,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "export-coreml": ("studio.cli.export_coreml", "convert a vocoder (bigvgan, v4, v2) to a Core ML package"),
     "bench": ("studio.cli.bench", "benchmark each stage and end to end (speed, latency, memory)"),
     "webui": ("studio.cli.webui", "the web UI and the HTTP API on one port (voice cloning in the browser)"),
+    "cluster": ("studio.cli.cluster", "the HTTP API on a Ray Serve cluster: replicas, routing by model, failover"),
 }
 
 
