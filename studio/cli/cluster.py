@@ -48,6 +48,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         default=None, help="refuse POST/DELETE /v1/voices")
 
 
+def config_from_args(args: argparse.Namespace):
+    """The cluster YAML (``--cluster-config``, else configs/cluster.yaml when it exists), the flags on top,
+    then what `serve` would find by itself."""
+    from studio.cluster.config import ClusterConfig
+
+    overrides = {k: v for k, v in vars(args).items() if k != "cluster_config"}
+    path = args.cluster_config or (CLUSTER_CONFIG if Path(CLUSTER_CONFIG).is_file() else None)
+    return with_serve_defaults(ClusterConfig.load(path, overrides))
+
+
 def with_serve_defaults(config):
     """What `serve` finds by itself: the tts_infer.yaml here, and the official weight folders."""
     from dataclasses import replace
@@ -60,7 +70,8 @@ def with_serve_defaults(config):
     if not config.weight_dirs:
         engine = config.engine_config()
         configured = [engine.path(k).parent for k in ("t2s_weights_path", "vits_weights_path")]
-        config = replace(config, weight_dirs=tuple(str(d) for d in (*OFFICIAL_WEIGHT_DIRS, *configured)))
+        dirs = dict.fromkeys(str(Path(d).resolve()) for d in (*OFFICIAL_WEIGHT_DIRS, *configured))
+        config = replace(config, weight_dirs=tuple(dirs))
     return config.resolved()
 
 
@@ -68,12 +79,9 @@ def run(args: argparse.Namespace) -> int:
     import signal
     import threading
 
-    from studio.cluster.config import ClusterConfig
     from studio.cluster.launch import deploy
 
-    overrides = {k: v for k, v in vars(args).items() if k != "cluster_config"}
-    path = args.cluster_config or (CLUSTER_CONFIG if Path(CLUSTER_CONFIG).is_file() else None)
-    config = with_serve_defaults(ClusterConfig.load(path, overrides))
+    config = config_from_args(args)
     cluster = deploy(config)
     bounds = config.replica_bounds()
     count = bounds["min"] if bounds["min"] == bounds["max"] else f"{bounds['min']}-{bounds['max']}"

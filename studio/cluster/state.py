@@ -33,7 +33,8 @@ class ReplicaReport:
 
 
 class ClusterState:
-    """The default model set, versioned, and the replicas' reports. A replica whose last report is older
+    """The default model set, versioned, and the replicas' reports (async methods: Serve runs them on the
+    replica's event loop, one at a time). A replica whose last report is older
     than ``stale_after_s`` (by this process's clock) counts as gone: a dead one stops reporting."""
 
     def __init__(self, defaults: ModelSet, stale_after_s: float = 5.0) -> None:
@@ -42,20 +43,20 @@ class ClusterState:
         self._lock = threading.Lock()
         self.stale_after_s = stale_after_s
 
-    def defaults(self) -> Defaults:
+    async def defaults(self) -> Defaults:
         return self._defaults
 
-    def set_defaults(self, models: ModelSet) -> Defaults:
+    async def set_defaults(self, models: ModelSet) -> Defaults:
         with self._lock:
             d = self._defaults
             self._defaults = Defaults(models, d.epoch, d.generation + 1)
             return self._defaults
 
-    def report(self, report: ReplicaReport) -> None:
+    async def report(self, report: ReplicaReport) -> None:
         with self._lock:
             self._reports[report.replica] = (report, time.monotonic())
 
-    def replicas(self) -> list[tuple[ReplicaReport, float]]:
+    async def replicas(self) -> list[tuple[ReplicaReport, float]]:
         """The live replicas' latest reports with their age in seconds, by replica id."""
         now = time.monotonic()
         with self._lock:

@@ -3,6 +3,7 @@ version, stale replicas forgotten) and the settings (files, flags, checks, Serve
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 
@@ -67,21 +68,22 @@ def report(replica: str) -> ReplicaReport:
 
 def test_default_weights_carry_a_version_that_moves_on_every_change():
     state = ClusterState(ModelSet("/a.ckpt", "/a.pth"))
-    first = state.defaults()
-    second = state.set_defaults(ModelSet("/b.ckpt", "/a.pth"))
+    first = asyncio.run(state.defaults())
+    second = asyncio.run(state.set_defaults(ModelSet("/b.ckpt", "/a.pth")))
     assert (second.epoch, second.generation) == (first.epoch, first.generation + 1)
-    assert state.defaults().models == ModelSet("/b.ckpt", "/a.pth")
-    assert ClusterState(ModelSet("/a.ckpt", "/a.pth")).defaults().epoch != first.epoch  # a restarted state
+    assert asyncio.run(state.defaults()).models == ModelSet("/b.ckpt", "/a.pth")
+    restarted = ClusterState(ModelSet("/a.ckpt", "/a.pth"))
+    assert asyncio.run(restarted.defaults()).epoch != first.epoch
 
 
 def test_replicas_that_stop_reporting_are_forgotten():
     state = ClusterState(ModelSet("/a", "/b"), stale_after_s=0.2)
-    state.report(report("r2"))
-    state.report(report("r1"))
-    assert [r.replica for r, _ in state.replicas()] == ["r1", "r2"]
+    asyncio.run(state.report(report("r2")))
+    asyncio.run(state.report(report("r1")))
+    assert [r.replica for r, _ in asyncio.run(state.replicas())] == ["r1", "r2"]
     time.sleep(0.3)
-    state.report(report("r1"))
-    (live, age), = state.replicas()
+    asyncio.run(state.report(report("r1")))
+    (live, age), = asyncio.run(state.replicas())
     assert live.replica == "r1" and 0 <= age < 0.2
 
 
@@ -143,3 +145,26 @@ def test_build_app_binds_gateway_replicas_and_state(tmp_path):
                                                 "bert_base_path": "bert", "cnhuhbert_base_path": "hubert"}}))
     app = build_app({"infer_config": str(infer), "replicas": 2, "voices_dir": str(tmp_path / "v")})
     assert type(app).__name__ == "Application"
+
+
+def test_the_command_line_reads_the_yaml_then_the_flags_then_finds_what_serve_finds(tmp_path, monkeypatch):
+    from studio.cli import build_parser
+    from studio.cli.cluster import config_from_args
+    from studio.cli.serve import OFFICIAL_WEIGHT_DIRS
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "tts_infer.yaml").write_text(yaml.safe_dump({"custom": {
+        "device": "cpu", "is_half": False, "version": "v2", "t2s_weights_path": "w/g.ckpt",
+        "vits_weights_path": "w/s.pth", "bert_base_path": "bert", "cnhuhbert_base_path": "hubert"}}))
+    (tmp_path / "configs" / "cluster.yaml").write_text("replicas: 3\nmax_model_sets: 5\nport: 9999\n")
+    (tmp_path / "w").mkdir()
+    for name in ("g.ckpt", "s.pth"):
+        (tmp_path / "w" / name).write_bytes(b"x")
+    args = build_parser("cluster").parse_args(["--replicas", "2", "--gpus-per-replica", "0.5", "--no-voice-uploads"])
+    config = config_from_args(args)
+    assert (config.replicas, config.max_model_sets, config.port) == (2, 5, 9999)  # flag beats the YAML
+    assert config.gpus_per_replica == 0.5 and config.voice_uploads is False
+    assert config.infer_config == str(tmp_path / "configs" / "tts_infer.yaml")  # found as `serve` finds it
+    assert config.weight_dirs == tuple(str(tmp_path / d) for d in (*OFFICIAL_WEIGHT_DIRS, "w"))
+    assert config.weight_roots() == config.weight_dirs
