@@ -43,6 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
          help="folder weights may be loaded from (repeatable; default: as serve)")
     flag("--workers", type=int, help=f"syntheses computed at once per replica (default {C.workers})")
     flag("--max-queue", type=int, help=f"requests waiting per replica; more get 503 (default {C.max_queue})")
+    flag("--max-upload-mb", type=float, help=f"request body limit in MiB (default {C.max_upload_bytes / (1 << 20):g})")
     flag("--max-tokens-per-sentence", type=int, help="cap semantic tokens per sentence (default: the GPT file's)")
     parser.add_argument("--no-voice-uploads", dest="voice_uploads", action="store_const", const=False,
                         default=None, help="refuse POST/DELETE /v1/voices")
@@ -53,7 +54,9 @@ def config_from_args(args: argparse.Namespace):
     then what `serve` would find by itself."""
     from studio.cluster.config import ClusterConfig
 
-    overrides = {k: v for k, v in vars(args).items() if k != "cluster_config"}
+    overrides = {k: v for k, v in vars(args).items() if k not in ("cluster_config", "max_upload_mb")}
+    if args.max_upload_mb is not None:
+        overrides["max_upload_bytes"] = int(args.max_upload_mb * (1 << 20))
     path = args.cluster_config or (CLUSTER_CONFIG if Path(CLUSTER_CONFIG).is_file() else None)
     return with_serve_defaults(ClusterConfig.load(path, overrides))
 

@@ -6,9 +6,8 @@ import logging
 import os
 from dataclasses import dataclass
 
+from engine.errors import EngineError
 from studio.cluster.config import ClusterConfig
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -42,8 +41,10 @@ def connect(config: ClusterConfig, *, quiet: bool = False) -> bool:
     A Ray started here keeps its own ports on 127.0.0.1 (other machines cannot join it: start a cluster
     with ``ray start --head`` for that and pass its address).
     """
-    import ray
-
+    try:
+        import ray
+    except ImportError as e:
+        raise EngineError('the cluster needs Ray Serve: pip install -e ".[cluster]"') from e
     if ray.is_initialized():
         return False
     extra = {"log_to_driver": not quiet, "logging_level": logging.WARNING if quiet else logging.INFO}
@@ -58,11 +59,12 @@ def connect(config: ClusterConfig, *, quiet: bool = False) -> bool:
 
 def deploy(config: ClusterConfig, *, quiet: bool = False) -> RunningCluster:
     """Connect, start Serve's HTTP proxy on ``config.host:port`` and deploy; returns once replicas answer."""
+    config.server_settings(), config.engine_settings()  # bad limits fail here, before Ray starts
+    started = connect(config, quiet=quiet)
     from ray import serve
 
     from studio.cluster.app import application
 
-    started = connect(config, quiet=quiet)
     try:
         serve.start(http_options={"host": config.host, "port": config.port})
         serve.run(application(config), name=config.app_name, route_prefix="/", blocking=False)  # waits for RUNNING

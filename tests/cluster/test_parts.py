@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from engine.errors import ConfigError
+from engine.errors import ConfigError, EngineError
 from studio.cluster.config import ClusterConfig
 from studio.cluster.metrics import gauge, merge_expositions
 from studio.cluster.routing import ModelSet
@@ -168,3 +168,13 @@ def test_the_command_line_reads_the_yaml_then_the_flags_then_finds_what_serve_fi
     assert config.infer_config == str(tmp_path / "configs" / "tts_infer.yaml")  # found as `serve` finds it
     assert config.weight_dirs == tuple(str(tmp_path / d) for d in (*OFFICIAL_WEIGHT_DIRS, "w"))
     assert config.weight_roots() == config.weight_dirs
+
+
+def test_without_ray_the_command_says_which_extra_to_install(monkeypatch):
+    import sys
+
+    from studio.cluster.launch import connect
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if ray[serve] were not installed
+    with pytest.raises(EngineError, match=r"\.\[cluster\]"):
+        connect(ClusterConfig())
