@@ -79,6 +79,9 @@ class ClusterConfig:
             value = getattr(self, name)
             if value is not None:
                 positive(name, value)
+        if (self.device or "").startswith("cuda") and self.gpus_per_replica == 0:
+            raise ConfigError(f"device {self.device}: set gpus_per_replica (1, or 0.5 to share a GPU); Ray hides "
+                              f"the GPUs from replicas that reserve none")
         if self.address is not None and (self.num_cpus is not None or self.object_store_mb is not None):
             raise ConfigError("num_cpus and object_store_mb size a Ray instance started here; with address "
                               "set, give them to `ray start` instead")

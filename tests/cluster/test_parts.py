@@ -104,6 +104,7 @@ def test_yaml_then_flags_with_paths_made_absolute(tmp_path, monkeypatch):
     ({"gpus_per_replica": 1.5}, "gpus_per_replica"), ({"min_replicas": 1}, "max_replicas"),
     ({"min_replicas": 3, "max_replicas": 2}, "min_replicas"), ({"max_model_sets": 0}, "max_model_sets"),
     ({"address": "auto", "num_cpus": 2}, "num_cpus"), ({"replica": 2}, "replica"),
+    ({"device": "cuda"}, "gpus_per_replica"),
 ])
 def test_bad_settings_are_refused_naming_the_setting(values, field):
     with pytest.raises(ConfigError, match=field):
