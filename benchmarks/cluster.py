@@ -31,7 +31,7 @@ def run_once(args: argparse.Namespace, replicas: int, ref: Path) -> dict:
     config = ClusterConfig.load(None, {
         "infer_config": args.config, "replicas": replicas, "cpus_per_replica": args.num_cpus / replicas,
         "num_cpus": args.num_cpus, "object_store_mb": 200, "port": args.port, "reference_dirs": [str(ref.parent)],
-        "max_tokens_per_sentence": args.tokens, "max_ongoing_requests": args.clients, "voices_dir": ""})
+        "max_tokens_per_sentence": args.tokens, "voices_dir": ""})
     t0 = time.perf_counter()
     cluster = deploy(config, quiet=True)
     started = time.perf_counter() - t0

@@ -31,7 +31,8 @@ class ClusterConfig:
     min_replicas: int | None = None  # autoscaling bounds: both set -> Serve autoscales between them
     max_replicas: int | None = None
     target_ongoing_requests: float = 2.0  # autoscaling aims at this many requests per replica
-    max_ongoing_requests: int = 8  # requests one replica takes at once (the rest wait at the gateway)
+    max_ongoing_requests: int = 2  # requests one replica takes at once; beyond it a model set's requests spill
+    # to another replica (which loads the set) or wait at the gateway. Raise it when the engine batches.
     gpus_per_replica: float = 0.0  # 0.5: two replicas share a GPU; 1: one GPU each
     cpus_per_replica: float = 1.0
     max_model_sets: int = 2  # (GPT, SoVITS) sets one replica holds; the least recently used leaves first

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -181,18 +182,24 @@ def test_saved_voices_are_shared_and_speech_equals_serve(cluster, serve, files):
 
 
 def test_set_weights_changes_the_default_of_every_replica(cluster, files):
+    """After /set_gpt_weights, requests naming no GPT weights use the new ones, whichever replica (and
+    model set) they land on: the default set's replica and the second set's replica both follow."""
     before = health(cluster)["default_weights"]
-    explicit = httpx.get(f"{cluster}/tts", params=query(files, seed=9, gpt_weights_path=str(files["gpt2"])),
-                         timeout=TIMEOUT)
+    gpt2 = {"gpt_weights_path": str(files["gpt2"])}
+    explicit = httpx.get(f"{cluster}/tts", params=query(files, seed=9, **gpt2), timeout=TIMEOUT)
+    explicit_b = httpx.get(f"{cluster}/tts", params=query(files, seed=9, other=True), timeout=TIMEOUT)
     r = httpx.get(f"{cluster}/set_gpt_weights", params={"weights_path": str(files["gpt2"])}, timeout=TIMEOUT)
     assert r.status_code == 200 and r.json() == {"message": "success"}
     try:
         assert health(cluster)["default_weights"]["gpt"] == str(files["gpt2"].resolve())
-        served_by = set()
-        for _ in range(6):  # requests naming no weights now use the new default, on every replica
+        for _ in range(3):
             r = httpx.get(f"{cluster}/tts", params=query(files, seed=9), timeout=TIMEOUT)
             assert r.status_code == 200 and r.content == explicit.content
-            served_by.add(r.headers["x-sovits-replica"])
+        # naming only the second SoVITS file: the second model set, on its own replica, with the new GPT default
+        r = httpx.get(f"{cluster}/tts", params=query(files, seed=9, sovits_weights_path=str(files["sovits2"])),
+                      timeout=TIMEOUT)
+        assert r.status_code == 200 and r.content == explicit_b.content
+        assert r.headers["x-sovits-replica"] == explicit_b.headers["x-sovits-replica"]
         bad = httpx.get(f"{cluster}/set_sovits_weights", params={"weights_path": "/etc/passwd"}, timeout=TIMEOUT)
         assert bad.status_code == 400 and "outside" in bad.text
         assert health(cluster)["default_weights"]["sovits"] == before["sovits"]
@@ -210,6 +217,18 @@ def test_health_and_metrics_cover_every_replica(cluster):
     for replica in ids:
         assert f'replica="{replica}"' in text
     assert "sovits_cluster_replicas 2" in text.splitlines()
+
+
+def test_a_busy_model_set_spreads_to_another_replica(cluster, files):
+    """Routing by model set does not pin a popular voice to one replica: beyond max_ongoing_requests (2)
+    its requests go to another replica, which loads the set, and all answer the same."""
+    text = " ".join(f"Sentence number {i} is here." for i in range(20))
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda _: httpx.get(f"{cluster}/tts", params=query(files, text), timeout=TIMEOUT),
+                                range(4)))
+    assert all(r.status_code == 200 for r in answers)
+    assert len({r.content for r in answers}) == 1
+    assert len({r.headers["x-sovits-replica"] for r in answers}) == 2
 
 
 def test_a_killed_replica_does_not_take_the_service_down(cluster, files):
