@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -58,7 +59,8 @@ def run_once(args: argparse.Namespace, replicas: int, ref: Path) -> dict:
             "requests": args.requests, "start_s": round(started, 1), "wall_s": round(wall, 2),
             "requests_per_s": round(args.requests / wall, 3), "p50_s": round(statistics.median(latencies), 2),
             "p95_s": round(latencies[int(0.95 * (len(latencies) - 1))], 2),
-            "replicas_used": len({r[1] for r in results})}
+            "replicas_used": len({r[1] for r in results}),
+            "load_avg_1m": round(os.getloadavg()[0], 1)}  # other work on the machine skews every figure
 
 
 def main() -> int:
