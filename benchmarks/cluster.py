@@ -32,7 +32,7 @@ def run_once(args: argparse.Namespace, replicas: int, ref: Path) -> dict:
     config = ClusterConfig.load(None, {
         "infer_config": args.config, "replicas": replicas, "cpus_per_replica": args.num_cpus / replicas,
         "num_cpus": args.num_cpus, "object_store_mb": 200, "port": args.port, "reference_dirs": [str(ref.parent)],
-        "max_tokens_per_sentence": args.tokens, "voices_dir": ""})
+        "max_tokens_per_sentence": args.tokens, "voices_dir": "", "workers": args.workers})
     t0 = time.perf_counter()
     cluster = deploy(config, quiet=True)
     started = time.perf_counter() - t0
@@ -55,7 +55,8 @@ def run_once(args: argparse.Namespace, replicas: int, ref: Path) -> dict:
     finally:
         cluster.stop()
     latencies = sorted(r[0] for r in results)
-    return {"replicas": replicas, "cpus_per_replica": args.num_cpus / replicas, "clients": args.clients,
+    return {"replicas": replicas, "cpus_per_replica": args.num_cpus / replicas, "workers": args.workers,
+            "clients": args.clients,
             "requests": args.requests, "start_s": round(started, 1), "wall_s": round(wall, 2),
             "requests_per_s": round(args.requests / wall, 3), "p50_s": round(statistics.median(latencies), 2),
             "p95_s": round(latencies[int(0.95 * (len(latencies) - 1))], 2),
@@ -70,6 +71,7 @@ def main() -> int:
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--num-cpus", type=int, default=2)
+    ap.add_argument("--workers", type=int, default=1, help="syntheses computed at once per replica")
     ap.add_argument("--tokens", type=int, default=100, help="semantic tokens per sentence (4 s of audio)")
     ap.add_argument("--text", default="The quick brown fox jumps over the lazy dog.")
     ap.add_argument("--port", type=int, default=9890)
@@ -85,11 +87,11 @@ def main() -> int:
         for n in args.replicas:
             rows.append(run_once(args, n, ref))
             print(json.dumps(rows[-1]), flush=True)
-    print("\n| replicas x CPUs | requests/s | p50 latency (s) | p95 latency (s) | start (s) |")
-    print("|---|---|---|---|---|")
+    print("\n| replicas x CPUs | workers | requests/s | p50 latency (s) | p95 latency (s) | load avg |")
+    print("|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['replicas']} x {r['cpus_per_replica']:g} | {r['requests_per_s']} | {r['p50_s']} | {r['p95_s']} "
-              f"| {r['start_s']} |")
+        print(f"| {r['replicas']} x {r['cpus_per_replica']:g} | {r['workers']} | {r['requests_per_s']} | {r['p50_s']} "
+              f"| {r['p95_s']} | {r['load_avg_1m']} |")
     return 0
 
 
