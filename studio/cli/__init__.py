@@ -18,6 +18,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("studio.cli.bench", "benchmark each stage and end to end (speed, latency, memory)"),
     "loadtest": ("studio.cli.loadtest", "drive a running server with concurrent streaming clients (latency, throughput)"),
     "webui": ("studio.cli.webui", "the web UI and the HTTP API on one port (voice cloning in the browser)"),
+    "cluster": ("studio.cli.cluster", "the HTTP API on a Ray Serve cluster: replicas, routing by model, failover"),
 }
 
 

@@ -1,0 +1,258 @@
+"""The cluster end to end on this machine: a local Ray (loopback, 2 CPUs, a small object store), two CPU
+replicas and tiny random weights. The oracle is `serve`'s own app in this process over the same files:
+the cluster must give the same bytes for the same request and seed.
+
+Slow (Ray and two replicas start in about a minute on two cores; the replacement replica after the kill
+takes another); `.ci/run` runs it with the rest.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support.paths import REPO
+from tests.support.server import MAX_TOKENS, free_port, reference_wav
+
+pytestmark = pytest.mark.slow
+pytest.importorskip("ray.serve", reason="the [cluster] extra (ray[serve]) is not installed")
+
+TIMEOUT = httpx.Timeout(180.0)
+PROMPT = {"prompt_text": "Hello.", "prompt_lang": "en"}
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, Path]:
+    """Tiny v2 weights (the default set), a second set beside them, a reference clip, a voices folder."""
+    from engine.testweights import make_test_weights
+    from engine.testweights.sovits import write_sovits
+    from engine.testweights.t2s import write_t2s
+
+    root = tmp_path_factory.mktemp("cluster")
+    config = make_test_weights(root / "weights", "v2")
+    import yaml
+
+    folder = Path(yaml.safe_load(config.read_text())["custom"]["t2s_weights_path"]).parent
+    refs = root / "refs"
+    refs.mkdir()
+    (refs / "ref.wav").write_bytes(reference_wav(3))
+    return {"config": config, "weights": folder, "gpt2": write_t2s(folder / "other.ckpt", "v2", seed=1),
+            "sovits2": write_sovits(folder / "other.pth", "v2", seed=1), "refs": refs, "voices": root / "voices"}
+
+
+@pytest.fixture(scope="module")
+def cluster(files):
+    from studio.cluster.config import ClusterConfig
+    from studio.cluster.launch import deploy
+
+    config = ClusterConfig.load(None, {
+        "infer_config": str(files["config"]), "replicas": 2, "cpus_per_replica": 1, "num_cpus": 2,
+        "object_store_mb": 100, "port": free_port(), "voices_dir": str(files["voices"]),
+        "reference_dirs": [str(files["refs"])], "weight_dirs": [str(files["weights"])],
+        "max_tokens_per_sentence": MAX_TOKENS, "report_interval_s": 0.5, "max_model_sets": 2})
+    running = deploy(config, quiet=True)
+    try:
+        yield running.url
+    finally:
+        running.stop()
+
+
+@pytest.fixture(scope="module")
+def serve(files):
+    """`sovits-studio serve` over the same files and limits (the oracle), with one CPU thread as a replica
+    of one CPU has (Ray sets OMP_NUM_THREADS from num_cpus; other thread counts round a few samples apart)."""
+    port = free_port()
+    command = [sys.executable, "-c", "import sys; from studio.cli import main; sys.exit(main())", "serve", "-c", str(files["config"]), "-p", str(port),
+               "--reference-dir", str(files["refs"]), "--weights-dir", str(files["weights"]),
+               "--profiles-dir", str(files["voices"]), "--max-tokens-per-sentence", str(MAX_TOKENS)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        def up() -> bool:
+            if process.poll() is not None:
+                raise AssertionError(f"serve exited: {process.stderr.read().decode()[-2000:]}")
+            try:
+                return httpx.get(f"{url}/health", timeout=2).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        wait_for(up, 180, "sovits-studio serve to start")
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def query(files, text: str = "Hi there.", seed: int = 7, other: bool = False, **extra) -> dict:
+    q = {"text": text, "text_lang": "en", "ref_audio_path": str(files["refs"] / "ref.wav"), **PROMPT,
+         "text_split_method": "cut5", "media_type": "wav", "seed": seed, **extra}
+    if other:
+        q.update(gpt_weights_path=str(files["gpt2"]), sovits_weights_path=str(files["sovits2"]))
+    return q
+
+
+def health(url: str) -> dict:
+    r = httpx.get(f"{url}/health", timeout=TIMEOUT)
+    return r.json()
+
+
+def wait_for(condition, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.25)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def test_two_model_sets_land_on_different_replicas_and_both_answer(cluster, serve, files):
+    a = httpx.get(f"{cluster}/tts", params=query(files), timeout=TIMEOUT)
+    assert a.status_code == 200, a.text
+    holder = a.headers["x-sovits-replica"]
+    wait_for(lambda: any(r["replica"] == holder and r["model_sets"] for r in health(cluster)["replicas"]), 30,
+             "the replica to report the first model set")
+    time.sleep(1.0)  # Serve's routers learn which replica holds which set
+    b = httpx.get(f"{cluster}/tts", params=query(files, other=True), timeout=TIMEOUT)
+    assert b.status_code == 200, b.text
+    assert b.headers["x-sovits-replica"] != holder
+    assert a.content != b.content  # two different voices
+    for params, first in ((query(files), a), (query(files, other=True), b)):
+        again = httpx.get(f"{cluster}/tts", params=params, timeout=TIMEOUT)
+        assert again.headers["x-sovits-replica"] == first.headers["x-sovits-replica"]  # routed by model set
+        assert again.content == first.content
+        direct = httpx.get(f"{serve}/tts", params=params, timeout=TIMEOUT)
+        assert direct.status_code == 200 and direct.content == first.content  # the same answer as `serve`
+
+
+@pytest.mark.parametrize("mode", [0, 1, 2, 3])
+def test_every_streaming_mode_equals_serve(cluster, serve, files, mode):
+    params = query(files, "Hi there. How are you?", seed=11, streaming_mode=mode)
+    got = httpx.get(f"{cluster}/tts", params=params, timeout=TIMEOUT)
+    want = httpx.get(f"{serve}/tts", params=params, timeout=TIMEOUT)
+    assert got.status_code == want.status_code == 200, got.text
+    assert got.headers["content-type"] == want.headers["content-type"]
+    assert got.content == want.content
+
+
+def test_post_json_multipart_and_errors_equal_serve(cluster, serve, files):
+    body = query(files, seed=5, other=True)
+    for url in (cluster, serve):
+        assert httpx.post(f"{url}/tts", json=body, timeout=TIMEOUT).status_code == 200
+    assert (httpx.post(f"{cluster}/tts", json=body, timeout=TIMEOUT).content
+            == httpx.post(f"{serve}/tts", json=body, timeout=TIMEOUT).content)
+    fields = {k: str(v) for k, v in body.items() if k != "ref_audio_path"}
+    files_ = {"ref_audio": ("mine.wav", (files["refs"] / "ref.wav").read_bytes(), "audio/wav")}
+    got = httpx.post(f"{cluster}/tts", data=fields, files=files_, timeout=TIMEOUT)
+    want = httpx.post(f"{serve}/tts", data=fields, files=files_, timeout=TIMEOUT)
+    assert got.status_code == want.status_code == 200 and got.content == want.content
+    for bad in ({"text": ""}, {"gpt_weights_path": "/etc/passwd"}, {"text_lang": "xx"}):
+        got = httpx.post(f"{cluster}/tts", json={**body, **bad}, timeout=TIMEOUT)
+        want = httpx.post(f"{serve}/tts", json={**body, **bad}, timeout=TIMEOUT)
+        assert got.status_code == want.status_code == 400 and got.json() == want.json()
+
+
+def test_saved_voices_are_shared_and_speech_equals_serve(cluster, serve, files):
+    clip = (files["refs"] / "ref.wav").read_bytes()
+    made = httpx.post(f"{cluster}/v1/voices", data={"name": "alice", **PROMPT},
+                      files={"audio": ("alice.wav", clip, "audio/wav")}, timeout=TIMEOUT)
+    assert made.status_code == 201, made.text
+    try:
+        for _ in range(4):  # whichever replica answers reads the same folder
+            assert [v["name"] for v in httpx.get(f"{cluster}/v1/voices", timeout=TIMEOUT).json()["voices"]] == ["alice"]
+        speech = {"model": "tts-1", "input": "Hi there.", "voice": "alice", "response_format": "wav", "seed": 3}
+        got = httpx.post(f"{cluster}/v1/audio/speech", json=speech, timeout=TIMEOUT)
+        want = httpx.post(f"{serve}/v1/audio/speech", json=speech, timeout=TIMEOUT)
+        assert got.status_code == want.status_code == 200, got.text
+        assert got.content == want.content
+        missing = httpx.post(f"{cluster}/v1/audio/speech", json={**speech, "voice": "bob"}, timeout=TIMEOUT)
+        assert missing.status_code == 404 and "bob" in missing.json()["error"]["message"]
+    finally:
+        assert httpx.delete(f"{cluster}/v1/voices/alice", timeout=TIMEOUT).status_code == 200
+
+
+def test_set_weights_changes_the_default_of_every_replica(cluster, files):
+    """After /set_gpt_weights, requests naming no GPT weights use the new ones, whichever replica (and
+    model set) they land on: the default set's replica and the second set's replica both follow."""
+    before = health(cluster)["default_weights"]
+    gpt2 = {"gpt_weights_path": str(files["gpt2"])}
+    explicit = httpx.get(f"{cluster}/tts", params=query(files, seed=9, **gpt2), timeout=TIMEOUT)
+    explicit_b = httpx.get(f"{cluster}/tts", params=query(files, seed=9, other=True), timeout=TIMEOUT)
+    r = httpx.get(f"{cluster}/set_gpt_weights", params={"weights_path": str(files["gpt2"])}, timeout=TIMEOUT)
+    assert r.status_code == 200 and r.json() == {"message": "success"}
+    try:
+        assert health(cluster)["default_weights"]["gpt"] == str(files["gpt2"].resolve())
+        for _ in range(3):
+            r = httpx.get(f"{cluster}/tts", params=query(files, seed=9), timeout=TIMEOUT)
+            assert r.status_code == 200 and r.content == explicit.content
+        # naming only the second SoVITS file: the second model set, on its own replica, with the new GPT default
+        r = httpx.get(f"{cluster}/tts", params=query(files, seed=9, sovits_weights_path=str(files["sovits2"])),
+                      timeout=TIMEOUT)
+        assert r.status_code == 200 and r.content == explicit_b.content
+        assert r.headers["x-sovits-replica"] == explicit_b.headers["x-sovits-replica"]
+        bad = httpx.get(f"{cluster}/set_sovits_weights", params={"weights_path": "/etc/passwd"}, timeout=TIMEOUT)
+        assert bad.status_code == 400 and "outside" in bad.text
+        assert health(cluster)["default_weights"]["sovits"] == before["sovits"]
+    finally:
+        r = httpx.get(f"{cluster}/set_gpt_weights", params={"weights_path": before["gpt"]}, timeout=TIMEOUT)
+        assert r.status_code == 200
+
+
+def test_health_and_metrics_cover_every_replica(cluster):
+    h = health(cluster)
+    assert h["status"] == "ok" and h["replicas_live"] == 2 and h["replicas_wanted"] == {"min": 2, "max": 2}
+    ids = {r["replica"] for r in h["replicas"]}
+    assert len(ids) == 2 and all(r["pid"] > 0 and r["device"] == "cpu" for r in h["replicas"])
+    text = httpx.get(f"{cluster}/metrics", timeout=TIMEOUT).text
+    for replica in ids:
+        assert f'replica="{replica}"' in text
+    assert "sovits_cluster_replicas 2" in text.splitlines()
+
+
+def test_a_busy_model_set_spreads_to_another_replica(cluster, files):
+    """Routing by model set does not pin a popular voice to one replica: beyond max_ongoing_requests (2)
+    its requests go to another replica, which loads the set, and all answer the same."""
+    text = " ".join(f"Sentence number {i} is here." for i in range(20))
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda _: httpx.get(f"{cluster}/tts", params=query(files, text), timeout=TIMEOUT),
+                                range(4)))
+    assert all(r.status_code == 200 for r in answers)
+    assert len({r.content for r in answers}) == 1
+    assert len({r.headers["x-sovits-replica"] for r in answers}) == 2
+
+
+def test_a_killed_replica_does_not_take_the_service_down(cluster, files):
+    """Kill the process of the replica computing a request: that request answers 503 with Retry-After,
+    the next ones (both model sets) answer as before, and Serve starts a replacement."""
+    a = httpx.get(f"{cluster}/tts", params=query(files), timeout=TIMEOUT)
+    b = httpx.get(f"{cluster}/tts", params=query(files, other=True), timeout=TIMEOUT)
+    victim = b.headers["x-sovits-replica"]
+    pid = next(r["pid"] for r in health(cluster)["replicas"] if r["replica"] == victim)
+    long_text = " ".join(f"Sentence number {i} is here." for i in range(150))
+    outcome: dict = {}
+    request = threading.Thread(target=lambda: outcome.update(r=httpx.get(
+        f"{cluster}/tts", params=query(files, long_text, other=True), timeout=TIMEOUT)))
+    request.start()
+    wait_for(lambda: any(r["replica"] == victim and r["running"] for r in health(cluster)["replicas"]), 60,
+             "the long request to start on the replica")
+    os.kill(pid, signal.SIGKILL)  # a replica process of this test's own Ray
+    request.join(timeout=120)
+    lost = outcome["r"]
+    assert lost.status_code == 503 and lost.headers["retry-after"] == "1"
+    assert "send the request again" in lost.json()["message"]
+    for params, before in ((query(files), a), (query(files, other=True), b)):
+        r = httpx.get(f"{cluster}/tts", params=params, timeout=TIMEOUT)
+        assert r.status_code == 200 and r.content == before.content
+    replaced = wait_for(lambda: (lambda h: h["replicas_live"] == 2 and pid not in {r["pid"] for r in h["replicas"]}
+                                 and h)(health(cluster)), 240, "Serve to replace the killed replica")
+    assert replaced["requests_lost"] >= 1
