@@ -5,7 +5,6 @@ text from the third-to-last hidden state, repeated per phone (official
 from __future__ import annotations
 
 import pickle
-
 from pathlib import Path
 from typing import Sequence
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import ConfigError
+from studio.http.limits import ServerLimits
 
 MIB = 1 << 20
 
@@ -47,11 +48,12 @@ class ClusterConfig:
     reference_dirs: tuple[str, ...] = ()  # folders ref_audio_path may name; empty: the working folder
     weight_dirs: tuple[str, ...] = ()  # folders weights may be loaded from; empty: those of the configured ones
     voice_uploads: bool = True
-    max_upload_bytes: int = 20 * MIB
-    workers: int = 1  # syntheses computed at once per replica
-    max_queue: int = 32  # per replica
-    max_pending_chunks: int = 8
-    max_tokens_per_sentence: int | None = None
+    # the defaults are the HTTP server's (studio.http.limits.ServerLimits), per replica
+    max_upload_bytes: int = ServerLimits.max_upload_bytes
+    workers: int = ServerLimits.workers  # syntheses computed at once per replica
+    max_queue: int = ServerLimits.max_queue  # per replica
+    max_pending_chunks: int = ServerLimits.max_pending_chunks
+    max_tokens_per_sentence: int | None = ServerLimits.max_tokens_per_sentence
     max_text_chars: int | None = None  # None: EngineSettings' default
 
     def __post_init__(self) -> None:
@@ -151,11 +153,12 @@ class ClusterConfig:
     def server_settings(self):
         from studio.http.context import ServerSettings
 
+        limits = ServerLimits(max_upload_bytes=self.max_upload_bytes, workers=self.workers, max_queue=self.max_queue,
+                              max_pending_chunks=self.max_pending_chunks,
+                              max_tokens_per_sentence=self.max_tokens_per_sentence)
         return ServerSettings(
             reference_roots=self.reference_dirs, weight_roots=self.weight_roots(), profiles_dir=self.voices_dir,
-            voice_uploads=self.voice_uploads, max_upload_bytes=self.max_upload_bytes, workers=self.workers,
-            max_queue=self.max_queue, max_pending_chunks=self.max_pending_chunks,
-            max_tokens_per_sentence=self.max_tokens_per_sentence)
+            voice_uploads=self.voice_uploads, limits=limits)
 
     def engine_settings(self):
         from engine.options import EngineSettings

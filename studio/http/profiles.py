@@ -125,7 +125,7 @@ class ProfileStore:
             raise ProfileNotFoundError(f"voice: no saved voice named {name!r} (known: {known})")
         try:
             meta = json.loads(meta_file.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
             raise OptionsError(f"voice: the saved voice {name!r} is damaged (its {PROFILE_FILE} is not valid "
                                f"JSON); save the voice again", field="voice") from None
         if not isinstance(meta, dict):

@@ -11,7 +11,6 @@ import pytest
 
 from studio.cluster.asgi import ForwardedRequest
 from studio.cluster.routing import ModelSet, model_set_for
-
 from tests.support.server import reference_wav
 
 
