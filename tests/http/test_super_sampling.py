@@ -4,6 +4,7 @@ is in its official place, and keeps its rate when it is not (as the official cod
 from __future__ import annotations
 
 import io
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -13,7 +14,9 @@ from engine.acoustic.super_sampling import SuperSamplerStore
 from engine.options import SynthesisOptions
 from engine.pipeline import Result
 from engine.testweights.ap_bwe import write_ap_bwe
-from studio.http.api_v2 import TTSJob, synthesize_whole
+from studio.http.exchange import JobControl
+from studio.http.limits import ServerLimits
+from studio.http.synthesis import TTSJob, synthesize_whole
 
 
 def _ctx(store, rate: int):
@@ -22,19 +25,24 @@ def _ctx(store, rate: int):
         return (Result(tone, rate, "a", (), i, i, i == 1, 3) for i in range(2))
 
     metrics = SimpleNamespace(audio_seconds=SimpleNamespace(inc=lambda amount: None))
-    return SimpleNamespace(studio=SimpleNamespace(synthesize=synthesize), metrics=metrics, super_sampler=store)
+    return SimpleNamespace(studio=SimpleNamespace(synthesize=synthesize), metrics=metrics, super_sampler=store,
+                           limits=ServerLimits())
 
 
 def _job(super_sampling: bool) -> TTSJob:
     return TTSJob("a. b.", "en", None, SynthesisOptions(super_sampling=super_sampling), None, None, "wav", False)
 
 
+def _control() -> JobControl:
+    return JobControl(time.monotonic() + 60)
+
+
 def test_v3_answers_are_widened_when_the_model_is_in_place(tmp_path) -> None:
     store = SuperSamplerStore(tmp_path / "g_24kto48k.zip")
-    data, rate, _ = synthesize_whole(_ctx(store, 24000), _job(True))
+    data, rate, _ = synthesize_whole(_ctx(store, 24000), _job(True), _control())
     assert rate == 24000 and sf.info(io.BytesIO(data)).samplerate == 24000  # absent: the rate stays
     write_ap_bwe(tmp_path)
-    data, rate, _ = synthesize_whole(_ctx(store, 24000), _job(True))
+    data, rate, _ = synthesize_whole(_ctx(store, 24000), _job(True), _control())
     assert rate == 48000 and sf.info(io.BytesIO(data)).samplerate == 48000
-    assert synthesize_whole(_ctx(store, 24000), _job(False))[1] == 24000  # only when asked
-    assert synthesize_whole(_ctx(store, 32000), _job(True))[1] == 32000  # v3 only
+    assert synthesize_whole(_ctx(store, 24000), _job(False), _control())[1] == 24000  # only when asked
+    assert synthesize_whole(_ctx(store, 32000), _job(True), _control())[1] == 32000  # v3 only
