@@ -33,3 +33,7 @@ class TextError(EngineError, ValueError):
 
 class OptionsError(EngineError, ValueError):
     """A synthesis option is out of range or inconsistent (names the option)."""
+
+
+class MemoryPressureError(EngineError, RuntimeError):
+    """Memory stayed above the watermark after every degrade step: retry later (HTTP 503)."""
