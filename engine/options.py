@@ -212,9 +212,10 @@ class EngineSettings:
     # (FastT2S serves one request at a time).
     t2s_decoder: str = "auto"
     max_text_chars: int = 10_000  # longer request texts are refused
+    slots: int = 0  # requests the continuous-batching scheduler decodes together; 0: the scheduler's default
 
     def __post_init__(self) -> None:
-        for name in ("reference_cache_entries", "reference_cache_bytes", "model_pool_bytes", "max_text_chars"):
+        for name in ("reference_cache_entries", "reference_cache_bytes", "model_pool_bytes", "max_text_chars", "slots"):
             v = getattr(self, name)
             if not _is_int(v) or v < 0:
                 raise OptionsError(f"{name} must be a non-negative integer, got {v!r}")
