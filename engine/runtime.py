@@ -316,6 +316,8 @@ class FallbackRecord:
 
 
 def _weights_of(module: Any) -> list[torch.Tensor]:
+    if isinstance(module, (tuple, list)):
+        return [w for m in module for w in _weights_of(m)]
     net = module if isinstance(module, nn.Module) else getattr(module, "model", None)
     if not isinstance(net, nn.Module):
         return []
@@ -373,7 +375,11 @@ class DeviceFallback:
         with self._lock:
             return dict(self._counts)
 
-    def run(self, stage: str, module: Any, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    def run(self, stage: str, module: Any, fn: Callable[..., T], *args: Any, out_dtype: torch.dtype | None = None,
+            **kwargs: Any) -> T:
+        """``fn(module, *args, **kwargs)``, on the CPU when ``stage`` needs it. ``module``: a network, or a tuple
+        of networks (None allowed) that ``fn`` receives as one. ``out_dtype``: the dtype of floating outputs of
+        a CPU run (default: the stage's, i.e. its first network's); float32 suits audio."""
         device = _module_device(module)
         if device is None or device.type not in self.devices:
             return fn(module, *args, **kwargs)
@@ -384,7 +390,7 @@ class DeviceFallback:
                 if not is_missing_operator(err):
                     raise
                 self._remember(stage, device, err)
-        return self._on_cpu(stage, module, fn, device, args, kwargs)
+        return self._on_cpu(stage, module, fn, device, args, kwargs, out_dtype)
 
     def _remember(self, stage: str, device: torch.device, err: BaseException) -> None:
         line = (str(err).splitlines() or [type(err).__name__])[0]
@@ -396,6 +402,8 @@ class DeviceFallback:
                                  stage, device, type(err).__name__, line)
 
     def _cpu_module(self, module: Any) -> Any:
+        if isinstance(module, (tuple, list)):
+            return type(module)(None if m is None else self._cpu_module(m) for m in module)
         with self._lock:
             found = self._copies.get(module)
         if found is None:
@@ -405,10 +413,10 @@ class DeviceFallback:
         return found
 
     def _on_cpu(self, stage: str, module: Any, fn: Callable[..., T], device: torch.device,
-                args: tuple, kwargs: dict) -> T:
+                args: tuple, kwargs: dict, out_dtype: torch.dtype | None) -> T:
         with self._lock:
             self._counts[stage] = self._counts.get(stage, 0) + 1
-        dtype = _module_dtype(module)
+        dtype = out_dtype or _module_dtype(module)
         cpu_args = _map_tensors(args, _to_cpu_float)
         cpu_kwargs = {k: _cpu_generator(v) if isinstance(v, torch.Generator) else _map_tensors(v, _to_cpu_float)
                       for k, v in kwargs.items()}

@@ -332,6 +332,24 @@ class ModelPool:
             self._evict_locked(int(self._bytes * fraction))
             return before - self._bytes
 
+    def evict_except(self, keep: Models | None) -> int:
+        """Drop every network that ``keep`` does not use (the idle ones); bytes released. Networks still held by
+        running requests stay alive until those end; the pool only drops its references."""
+        used = set() if keep is None else {id(v) for v in (keep.t2s, keep.sovits, keep.ssl, keep.bert, keep.vocoder,
+                                                          keep.sv) if v is not None}
+        with self._lock:
+            before = self._bytes
+            for key in list(self._items):
+                value = self._items[key][0]
+                parts = value if isinstance(value, tuple) else (value,)
+                if not any(id(p) in used for p in parts):
+                    self._bytes -= self._items.pop(key)[1]
+                    self.evictions += 1
+            released = before - self._bytes
+        if released:
+            log.info("model pool: evicted idle networks (%d bytes)", released)
+        return released
+
     def stats(self) -> PoolStats:
         with self._lock:
             return PoolStats(self.loads, self.hits, self.evictions, len(self._items), self._bytes)

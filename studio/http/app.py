@@ -38,7 +38,7 @@ def create_app(studio: "Studio", settings: ServerSettings = ServerSettings(),
 
     from studio.http import api_v2, openai
     from studio.http.errors import BodyLimitMiddleware, error_response
-    from studio.http.metrics import CONTENT_TYPE, ServerMetrics
+    from studio.http.metrics import CONTENT_TYPE, ServerMetrics, register_engine_metrics
     from studio.http.profiles import ProfileStore
     from studio.http.runner import SynthesisRunner
 
@@ -47,6 +47,7 @@ def create_app(studio: "Studio", settings: ServerSettings = ServerSettings(),
         return {"reference": (ref.hits, ref.misses), "model_pool": (pool.hits, pool.loads)}
 
     metrics = ServerMetrics(cache_stats=cache_stats, queue_length=lambda: runner.queue_length)
+    register_engine_metrics(metrics.registry, studio)
     runner = SynthesisRunner(settings.workers, settings.max_queue,
                              on_start=lambda: metrics.in_progress.add(1), on_end=lambda: metrics.in_progress.add(-1))
     roots = settings.weight_roots or studio.settings.weight_roots or default_weight_roots(studio)
@@ -96,7 +97,9 @@ def create_app(studio: "Studio", settings: ServerSettings = ServerSettings(),
 
     @app.get("/health")
     async def health() -> dict:
-        return {"status": "ok", "running": runner.running, "queued": runner.queue_length,
+        readiness = getattr(studio, "readiness", None)  # "starting" while a warm-up runs (engine.warmup)
+        return {"status": readiness.status if readiness is not None else "ready", "running": runner.running,
+                "queued": runner.queue_length,
                 "uptime_seconds": round(time.time() - ctx.started, 1)}
 
     return app

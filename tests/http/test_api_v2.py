@@ -185,7 +185,7 @@ def test_serve_command_starts_answers_and_exits_on_control(tmp_path) -> None:
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise AssertionError(f"serve did not start: {proc.communicate()[1][-2000:]}") from None
                 time.sleep(0.2)
-        assert health.json()["status"] == "ok"
+        assert health.json()["status"] in ("starting", "ready")  # warm-up (no weights here: it ends at once)
         assert httpx.get(f"http://127.0.0.1:{port}/control", params={"command": "exit"}).status_code == 200
         _, err = proc.communicate(timeout=60)
     finally:
