@@ -29,8 +29,9 @@ from tests.support.paths import conformance_root, fixture_folders
 pytestmark = pytest.mark.skipif(ACCELERATOR is None, reason="no accelerator (CUDA or a usable MPS) here")
 
 FP32_TOLERANCE = {"t2s_logits": 1e-5, "sovits_audio": 6e-6, "cfm_mel": 1e-5, "vocoder_audio": 1e-4}
-# float16 against CPU float32; docs/apple-silicon.md "Device equality" has the measured values.
-FP16_TOLERANCE = {"t2s_logits": 5e-2, "sovits_audio": 2e-2, "cfm_mel": 5e-2, "vocoder_audio": 2e-2}
+# float16 against CPU float32, of the peak: about 3-10x what an H200 gave (docs/apple-silicon.md §7 lists the
+# measurements). The vocoders lose most in fp16 (BigVGAN 3.2%), which is why the auto policy keeps them fp32.
+FP16_TOLERANCE = {"t2s_logits": 5e-3, "sovits_audio": 2e-2, "cfm_mel": 1e-2, "vocoder_audio": 1e-1}
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
 
 
@@ -208,10 +209,11 @@ def test_vocoder_audio(folder: Path, precision: str) -> None:
     mel = inputs["vocoder_mel"]
     vocoders = _vocoders(folder)
     assert vocoders, f"no vocoder in {folder}"
-    for name, load in vocoders:
+    errors = {}
+    for name, load in vocoders:  # measure every vocoder before judging any
         with torch.inference_mode():
             ref = load()(mel)
             got = load().to(ACCELERATOR, DTYPES[precision])(mel.to(ACCELERATOR, DTYPES[precision])).float().cpu()
-        err = _rel(got, ref)
-        record("vocoder_audio", precision, name, err, _tolerance("vocoder_audio", precision))
-        assert err <= _tolerance("vocoder_audio", precision), name
+        errors[name] = _rel(got, ref)
+        record("vocoder_audio", precision, name, errors[name], _tolerance("vocoder_audio", precision))
+    assert max(errors.values()) <= _tolerance("vocoder_audio", precision), errors
