@@ -324,9 +324,19 @@ def _weights_of(module: Any) -> list[torch.Tensor]:
     return [*net.parameters(), *net.buffers()]
 
 
+def _first_weight(module: Any) -> torch.Tensor | None:
+    if isinstance(module, (tuple, list)):
+        return next((w for m in module if (w := _first_weight(m)) is not None), None)
+    net = module if isinstance(module, nn.Module) else getattr(module, "model", None)
+    if not isinstance(net, nn.Module):
+        return None
+    first = next(iter(net.parameters()), None)
+    return first if first is not None else next(iter(net.buffers()), None)
+
+
 def _module_device(module: Any) -> torch.device | None:
-    weights = _weights_of(module)
-    return weights[0].device if weights else None
+    first = _first_weight(module)  # called on every stage run: no walk over all the weights
+    return first.device if first is not None else None
 
 
 def _module_dtype(module: Any) -> torch.dtype:
