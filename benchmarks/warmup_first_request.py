@@ -4,7 +4,8 @@
 
 Writes a tiny random model set (engine.testweights), starts `sovits-studio serve` on it as a user would,
 waits for /health to say "ready", then times three /tts requests: the first, the same request again, and one
-with another reference clip (so neither reference cache nor weights help it). Prints the times and ratios.
+with another reference clip. The reference cache is off unless ``--reference-cache`` (otherwise the second
+request would skip the reference features, which says nothing about warm-up). Prints the times and ratios.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ def main() -> int:
     ap.add_argument("--version", default="v2")
     ap.add_argument("--tokens", type=int, default=12, help="semantic tokens per sentence (random weights)")
     ap.add_argument("--no-warmup", action="store_true")
+    ap.add_argument("--reference-cache", action="store_true",
+                    help="keep the reference cache on (then the second request skips the reference features)")
     args = ap.parse_args()
     from engine.testweights import make_test_weights
 
@@ -53,6 +56,8 @@ def main() -> int:
            "--reference-dir", str(root), "--max-tokens-per-sentence", str(args.tokens)]
     if args.no_warmup:
         cmd.append("--no-warmup")
+    if not args.reference_cache:  # the comparison is about warm-up, not about the cache serving request 2
+        cmd += ["--reference-cache-entries", "0"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     start = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -79,7 +84,8 @@ def main() -> int:
             return time.monotonic() - t0
 
         first, second, other = tts("ref0.wav"), tts("ref0.wav"), tts("ref1.wav")
-        print(f"{args.version} tiny, warm-up {'off' if args.no_warmup else 'on'}: ready after {ready:.2f} s; "
+        print(f"{args.version} tiny, warm-up {'off' if args.no_warmup else 'on'}, reference cache "
+              f"{'on' if args.reference_cache else 'off'}: ready after {ready:.2f} s; "
               f"first /tts {first:.3f} s, second (same request) {second:.3f} s, third (other reference) "
               f"{other:.3f} s; first/second = {first / second:.2f}, first/third = {first / other:.2f}")
         return 0
