@@ -153,12 +153,20 @@ def warm_up(studio, weight_sets: Sequence | None = None, settings: WarmupSetting
 
 
 def warm_up_in_background(studio, readiness: Readiness, weight_sets: Sequence | None = None,
-                          settings: WarmupSettings = WarmupSettings()) -> threading.Thread:
-    """Run :func:`warm_up` on a daemon thread and mark ``readiness`` when it ends."""
+                          settings: WarmupSettings = WarmupSettings(),
+                          submit: Callable[..., object] | None = None) -> threading.Thread:
+    """Run :func:`warm_up` off the caller's thread and mark ``readiness`` when it ends.
+
+    ``submit(fn)``: run it on the server's synthesis workers instead (e.g. ``SynthesisRunner.submit``), so the
+    worker thread that serves the first request has done its own first-call work; the returned thread then only
+    waits for that job."""
+
+    def work() -> WarmupReport:
+        return warm_up(studio, weight_sets, settings)
 
     def run() -> None:
         try:
-            report = warm_up(studio, weight_sets, settings)
+            report = submit(work).result() if submit is not None else work()  # type: ignore[union-attr]
             readiness.finish("; ".join(report.errors))
             log.info("warm-up finished in %.1f s (%s); ready", report.seconds, ", ".join(report.sets) or "nothing")
         except BaseException as e:  # never leave /health at "starting"

@@ -146,9 +146,10 @@ def build_studio(config, args: argparse.Namespace, **settings):
     return studio
 
 
-def start_warmup(studio, config, args: argparse.Namespace):
+def start_warmup(studio, config, args: argparse.Namespace, app=None):
     """Warm ``studio`` up in the background unless ``--no-warmup``/``warmup: false``; sets and returns
-    ``studio.readiness`` ("starting" until the warm-up ends, then "ready")."""
+    ``studio.readiness`` ("starting" until the warm-up ends, then "ready"). With the server's ``app``, the
+    warm-up runs on its synthesis workers (the threads that serve the requests)."""
     from engine.config import WARMUP
     from engine.warmup import Readiness, WarmupSettings, configured_weight_sets, warm_up_in_background
 
@@ -159,5 +160,8 @@ def start_warmup(studio, config, args: argparse.Namespace):
     studio.readiness = Readiness()
     print("warming up (load the configured models, one short synthesis per version); /health says "
           "\"starting\" until then", file=sys.stderr)
-    warm_up_in_background(studio, studio.readiness, configured_weight_sets(config, studio.default_weights), warm)
+    context = getattr(getattr(app, "state", None), "context", None)
+    submit = context.runner.submit if context is not None else None
+    warm_up_in_background(studio, studio.readiness, configured_weight_sets(config, studio.default_weights), warm,
+                          submit=submit)
     return studio.readiness

@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
             server.should_exit = True  # graceful: running requests finish, then the process ends
 
     app = create_app(studio, settings, on_control=on_control)
-    start_warmup(studio, config, args)
+    start_warmup(studio, config, args, app)
     host = None if args.host == "None" else args.host  # api_v2: `-a None` listens dual-stack
     server = uvicorn.Server(uvicorn.Config(app, host=host or "::", port=args.port, workers=1))
     server.run()

@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     print("listing weight files...", file=sys.stderr)
     app = create_webui_app(studio, config, ui, server_settings, auth, concurrency=args.workers,
                            max_queue=args.max_queue, catalog=catalog)
-    start_warmup(studio, config, args)
+    start_warmup(studio, config, args, app)
     return _run(app, args.host, args.port, share=args.share, protected=bool(auth))
 
 
