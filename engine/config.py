@@ -5,6 +5,18 @@ each with the seven official keys. Sections in the file replace the built-in def
 section; the active section is ``custom`` when present, else ``v2`` (official ``TTS.py``
 ``TTS_Config.__init__``). Paths that are
 empty or missing fall back to the same key of the active version's section, as the official code does.
+
+SoVITS Studio extension keys (all optional; the official code never sees a file that uses them):
+
+* ``vocoder_path``, ``vocoder_backend``, ``vocoder_coreml_package``, ``sv_weights_path``: per version.
+  A section's value serves the version it names, so one file can hold the v3 BigVGAN folder (in its
+  ``v3`` section) and the v4 ``vocoder.pth`` (in ``v4``); the active section's values serve its own
+  version (:meth:`InferConfig.extension`).
+* ``precision``: ``auto``, ``fp32``, ``fp16`` or ``bf16`` for every stage, or a mapping of stages
+  (``t2s sovits vocoder ssl bert sv``, plus ``default``) to those names; overrides ``is_half``.
+* the operating knobs of :data:`KNOBS` (cache and pool sizes, the memory watermark, warm-up, the
+  scheduler's slot count), read from the active section. Their defaults live in the settings
+  dataclass each one sets, nowhere else.
 """
 
 from __future__ import annotations
@@ -24,6 +36,50 @@ from engine.versions import VERSIONS
 SECTIONS = ("custom", *VERSIONS)
 PATH_KEYS = ("t2s_weights_path", "vits_weights_path", "bert_base_path", "cnhuhbert_base_path")
 VOCODER_BACKENDS = ("torch", "coreml")
+PRECISION_NAMES = ("auto", "fp32", "fp16", "bf16")
+PRECISION_STAGES = ("t2s", "sovits", "vocoder", "ssl", "bert", "sv")  # engine.runtime.STAGES
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Knob:
+    """An operating knob: a config key (and the CLI flag ``--key-with-dashes``) that sets one field of
+    a settings dataclass. The default is that field's default (read, never repeated here)."""
+
+    key: str
+    owner: str  # "module:Class" of the settings dataclass
+    field: str
+    kind: type  # int | float | bool | str
+    help: str
+    scale: int = 1  # config/CLI unit -> field unit (MiB -> bytes)
+
+    def settings_class(self) -> type:
+        import importlib
+
+        module, _, name = self.owner.partition(":")
+        return getattr(importlib.import_module(module), name)
+
+    def default(self) -> Any:
+        """The default in config/CLI units."""
+        value = next(f for f in fields(self.settings_class()) if f.name == self.field).default
+        return value // self.scale if self.scale != 1 else value
+
+
+ENGINE = "engine.options:EngineSettings"
+WARMUP = "engine.warmup:WarmupSettings"
+KNOBS = (
+    Knob("reference_cache_entries", ENGINE, "reference_cache_entries", int, "prepared references kept (LRU)"),
+    Knob("reference_cache_mb", ENGINE, "reference_cache_bytes", int, "MiB of prepared references kept", MIB),
+    Knob("model_pool_mb", ENGINE, "model_pool_bytes", int, "MiB of model weights kept loaded (LRU)", MIB),
+    Knob("memory_watermark", ENGINE, "memory_watermark", float,
+         "fraction of memory above which caches shrink, idle models go and requests are refused"),
+    Knob("on_memory_pressure", ENGINE, "on_memory_pressure", str,
+         "after the degrade steps: cpu (discrete GPUs only), wait or refuse"),
+    Knob("warmup", WARMUP, "enabled", bool, "load the configured models and synthesise once at start"),
+    Knob("slots", ENGINE, "scheduler_slots", int, "requests the scheduler decodes together (0: from free memory)"),
+    Knob("scheduler_queue", ENGINE, "scheduler_queue", int, "requests waiting for a slot; one more gets 503"),
+)
+KNOB_KEYS = {k.key: k for k in KNOBS}
 
 
 @dataclass(frozen=True)
@@ -45,27 +101,81 @@ class Section:
     vocoder_coreml_package: str = ""  # the .mlpackage used when vocoder_backend is coreml
     max_tokens_per_sentence: int = 0  # a cap on semantic tokens per sentence (25 = 1 s); 0: the model's own
     random_weights: bool = False  # a random-weight test set (make-test-weights): noise, not speech
+    precision: str = ""  # auto | fp32 | fp16 | bf16 for every stage; "" = from is_half
+    stage_precisions: tuple[tuple[str, str], ...] = ()  # (stage, precision) from a `precision` mapping
+    knobs: tuple[tuple[str, Any], ...] = ()  # (knob key, value) of the KNOBS set in this section
+
+    @property
+    def knob_values(self) -> dict[str, Any]:
+        return dict(self.knobs)
 
 
-_OFFICIAL_KEYS = {f.name for f in fields(Section)} - {"vocoder_backend", "vocoder_path", "sv_weights_path",
-                                                     "vocoder_coreml_package", "max_tokens_per_sentence",
-                                                     "random_weights"}
-_KEY_TYPES = {f.name: {"bool": bool, "int": int}.get(str(f.type), str) for f in fields(Section)}
+_EXTENSION_KEYS = {"vocoder_backend", "vocoder_path", "sv_weights_path", "vocoder_coreml_package",
+                   "max_tokens_per_sentence", "random_weights"}
+_OFFICIAL_KEYS = {f.name for f in fields(Section)} - _EXTENSION_KEYS - {"precision", "stage_precisions", "knobs"}
+_KEY_TYPES: dict[str, type] = {f.name: {"bool": bool, "int": int}.get(str(f.type), str)
+                               for f in fields(Section) if f.name not in ("stage_precisions", "knobs")}
+_KNOWN_KEYS = set(_KEY_TYPES) | set(KNOB_KEYS)
+
+
+def _parse_precision(value: Any, where: str) -> tuple[str, tuple[tuple[str, str], ...]]:
+    names = ", ".join(PRECISION_NAMES)
+    if isinstance(value, str):
+        if value not in PRECISION_NAMES:
+            raise ConfigError(f"{where}.precision is {value!r}; use one of {names}, or a mapping of stages")
+        return value, ()
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{where}.precision must be one of {names} or a mapping of stages, found {value!r}")
+    default = ""
+    stages = []
+    for stage, name in value.items():
+        if stage != "default" and stage not in PRECISION_STAGES:
+            raise ConfigError(f"{where}.precision.{stage}: unknown stage; stages are default, "
+                              f"{', '.join(PRECISION_STAGES)}")
+        allowed = PRECISION_NAMES if stage == "default" else PRECISION_NAMES[1:]
+        if name not in allowed:
+            raise ConfigError(f"{where}.precision.{stage} is {name!r}; use one of {', '.join(allowed)}")
+        if stage == "default":
+            default = name
+        else:
+            stages.append((stage, name))
+    return default, tuple(stages)
+
+
+def _parse_knob(knob: Knob, value: Any, where: str) -> Any:
+    kind = knob.kind
+    ok = (isinstance(value, bool) if kind is bool
+          else isinstance(value, (int, float)) and not isinstance(value, bool) if kind is float
+          else isinstance(value, int) and not isinstance(value, bool) if kind is int
+          else isinstance(value, str))
+    if not ok:
+        raise ConfigError(f"{where}.{knob.key} must be {_KIND_WORDS[kind]}, found {value!r}")
+    return float(value) if kind is float else value
+
+
+_KIND_WORDS = {bool: "true/false", int: "an integer", float: "a number", str: "a string"}
 
 
 def _parse_section(name: str, raw: Any, where: str) -> Section:
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{where}: section {name!r} must be a mapping of keys, found {type(raw).__name__}")
-    unknown = sorted(set(raw) - set(_KEY_TYPES))
+    unknown = sorted(set(raw) - _KNOWN_KEYS)
     if unknown:
         raise ConfigError(
-            f"{where}: unknown key {unknown[0]!r} in section {name!r}; known keys: {', '.join(sorted(_KEY_TYPES))}"
+            f"{where}: unknown key {unknown[0]!r} in section {name!r}; known keys: {', '.join(sorted(_KNOWN_KEYS))}"
         )
     missing = sorted(_OFFICIAL_KEYS - set(raw))
     if missing:
         raise ConfigError(f"{where}: section {name!r} lacks key(s) {', '.join(missing)}")
-    values = {}
+    values: dict[str, Any] = {}
+    knobs = []
     for key, value in raw.items():
+        if key == "precision":
+            values["precision"], values["stage_precisions"] = _parse_precision(value, f"{where}: key {name}")
+            continue
+        if key in KNOB_KEYS:
+            knobs.append((key, _parse_knob(KNOB_KEYS[key], value, f"{where}: key {name}")))
+            continue
         want = _KEY_TYPES[key]
         if value is None and want is str:
             value = ""
@@ -77,7 +187,7 @@ def _parse_section(name: str, raw: Any, where: str) -> Section:
         raise ConfigError(f"{where}: key {name}.version is {values['version']!r}; use one of {', '.join(VERSIONS)}")
     if values.get("vocoder_backend", "torch") not in VOCODER_BACKENDS:
         raise ConfigError(f"{where}: key {name}.vocoder_backend must be one of {', '.join(VOCODER_BACKENDS)}")
-    return Section(**values)
+    return Section(**values, knobs=tuple(knobs))
 
 
 def default_sections() -> dict[str, Section]:
@@ -112,6 +222,44 @@ class InferConfig:
             if fallback is not None and getattr(fallback, key):
                 chosen = getattr(fallback, key)
         return self._abs(chosen) if chosen else Path()
+
+    def extension(self, key: str, version: str) -> str:
+        """A per-version extension value (``vocoder_path``, ``vocoder_backend``, ``vocoder_coreml_package``,
+        ``sv_weights_path``) for models of ``version``: the active section's when it names ``version``,
+        else the ``version`` section's; "" when neither sets it (the official location / the default)."""
+        if key not in _EXTENSION_KEYS:
+            raise KeyError(key)
+        for section in (self.active, self.sections.get(version)):
+            if section is not None and section.version == version and getattr(section, key):
+                return getattr(section, key)
+        return ""
+
+    def extension_path(self, key: str, version: str) -> Path | None:
+        """:meth:`extension` as a path resolved against the base folder; None when not set."""
+        value = self.extension(key, version)
+        return self._abs(value) if value else None
+
+    def problems(self) -> list[str]:
+        """Settings that parse but cannot do what they say; callers show them as warnings."""
+        out = []
+        for name, s in self.sections.items():
+            if s.vocoder_coreml_package and s.vocoder_backend != "coreml":
+                out.append(f"{name}.vocoder_coreml_package is set but {name}.vocoder_backend is "
+                           f"{s.vocoder_backend!r}: the package is not used (set vocoder_backend: coreml)")
+            if s.vocoder_backend == "coreml" and not s.vocoder_coreml_package:
+                out.append(f"{name}.vocoder_backend is 'coreml' but {name}.vocoder_coreml_package is empty: "
+                           "the torch vocoder is used (export one with `sovits-studio export-coreml`)")
+            if s.vocoder_path and s.version not in ("v3", "v4"):
+                out.append(f"{name}.vocoder_path is set but {name} is a {s.version} section: only v3 and v4 use a "
+                           "separate vocoder (put it in the v3 or v4 section)")
+            elif s.vocoder_path:
+                path = self._abs(s.vocoder_path)
+                want_folder = s.version == "v3"
+                if path.exists() and path.is_dir() != want_folder:
+                    out.append(f"{name}.vocoder_path {s.vocoder_path!r} is a {'file' if want_folder else 'folder'}, "
+                               f"but {s.version} needs {'the BigVGAN folder' if want_folder else 'vocoder.pth'}; "
+                               f"put the other version's vocoder in its own section ({'v4' if want_folder else 'v3'})")
+        return out
 
     def missing_files(self) -> dict[str, Path]:
         """Weight paths (after fallback) that do not exist, by key: what the user still has to get."""

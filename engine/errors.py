@@ -66,3 +66,7 @@ def with_field(error: EngineError, field: str) -> EngineError:
     if error.field is None:
         error.field = field
     return error
+
+
+class MemoryPressureError(EngineError, RuntimeError):
+    """Memory stayed above the watermark after every degrade step: retry later (HTTP 503)."""

@@ -1,10 +1,24 @@
-"""The memory watermark: when a device is nearly full, shrink the caches first, then degrade new work.
+"""The memory watermark: when memory runs short, degrade step by step instead of crashing.
 
-``MemoryGuard.admit(device)`` runs before each request. If the device's used fraction is above the
-watermark it asks every registered cache to shrink (reference cache, model pool) and reads again;
-if memory is still short it decides by policy: run this request on the CPU, wait for memory (up
-to a timeout) or refuse with a typed error. Every such decision is logged and counted. Memory
-readings come from an injectable ``reader`` so tests can fake them.
+``MemoryGuard.admit(device)`` runs before each request. If the device is above the watermark it
+runs the registered degrade steps in order, reading memory again after each, until the reading is
+back under the watermark. The default order suits unified memory (Apple Silicon, where the GPU and
+the CPU share one pool, and the CPU alone):
+
+1. shrink the reference cache (``ORDER_REFERENCE_CACHE``),
+2. evict idle models from the pool (``ORDER_IDLE_MODELS``),
+3. lower the scheduler's slot count (``ORDER_SLOTS``; the scheduler registers this step itself),
+4. refuse the request with :class:`~engine.errors.MemoryPressureError` (HTTP 503, retry later).
+
+Owners register their own steps with :meth:`MemoryGuard.add_step`. On a discrete GPU (CUDA) the
+policy may instead run the request on the CPU (``on_memory_pressure: cpu``) or wait for memory;
+on unified memory moving work to the CPU frees nothing (it would load a second copy of the
+models), so there the last step is always to refuse. Steps that can be undone (``restore``) are
+undone once memory falls well below the watermark. Every step is logged and counted
+(:meth:`MemoryGuard.counts`, exported on ``/metrics``).
+
+Readings come from :func:`read_memory` over injectable :class:`MemorySources` (psutil for system
+memory, ``torch.mps`` and ``torch.cuda`` for the accelerators), so tests fake a Mac or a GPU.
 """
 
 from __future__ import annotations
@@ -12,82 +26,226 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from engine.errors import EngineError
+from engine.errors import MemoryPressureError
 from engine.options import EngineSettings
+
+__all__ = ["MemoryPressureError", "MemoryReading", "MemorySources", "MpsMemory", "DegradeStep", "MemoryGuard",
+           "Admission", "read_memory", "system_memory_reader", "memory_samples"]
 
 log = logging.getLogger(__name__)
 
-
-class MemoryPressureError(EngineError, RuntimeError):
-    """The device stayed above its memory watermark and the policy does not allow degrading."""
+ORDER_REFERENCE_CACHE = 10
+ORDER_IDLE_MODELS = 20
+ORDER_SLOTS = 30  # the scheduler's slot count (engine.serving registers the step)
+ORDER_OTHER = 50  # steps registered without an order
+RESTORE_MARGIN = 0.10  # undo steps once the reading is this far below the watermark
+UNIFIED = ("mps", "cpu")  # device types whose memory is the system's memory
 
 
 @dataclass(frozen=True)
 class MemoryReading:
-    """Bytes in use and in total on one device."""
+    """Bytes in use and in total, and what was read ("system", "mps", "cuda:0")."""
 
     used: int
     total: int
+    source: str = ""
 
     @property
     def fraction(self) -> float:
         return self.used / self.total if self.total > 0 else 0.0
 
 
+@dataclass(frozen=True)
+class MpsMemory:
+    """The three ``torch.mps`` figures, in bytes."""
+
+    current: int  # current_allocated_memory(): tensors alive
+    driver: int  # driver_allocated_memory(): what Metal holds for this process (tensors + allocator cache)
+    recommended_max: int  # recommended_max_memory(): the GPU working-set budget macOS recommends
+
+
+def _psutil_system() -> tuple[int, int] | None:
+    """(used, total) bytes of system memory; used = total - available (what new allocations can get)."""
+    try:
+        import psutil
+    except ImportError:
+        return None
+    vm = psutil.virtual_memory()
+    return int(vm.total - vm.available), int(vm.total)
+
+
+def _torch_mps() -> MpsMemory | None:
+    import sys
+
+    torch = sys.modules.get("torch")  # never import torch just to read memory
+    if torch is None or not torch.backends.mps.is_available():
+        return None
+    mps = torch.mps
+    try:
+        return MpsMemory(int(mps.current_allocated_memory()), int(mps.driver_allocated_memory()),
+                         int(mps.recommended_max_memory()))
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def _torch_cuda(index: int) -> tuple[int, int] | None:
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available():
+        return None
+    free, total = torch.cuda.mem_get_info(index)
+    return int(total - free), int(total)
+
+
+@dataclass(frozen=True)
+class MemorySources:
+    """Where readings come from. Tests replace any of them (e.g. a 16 GB Mac with 11 GB recommended)."""
+
+    system: Callable[[], tuple[int, int] | None] = _psutil_system  # (used, total) of RAM
+    mps: Callable[[], MpsMemory | None] = _torch_mps
+    cuda: Callable[[int], tuple[int, int] | None] = _torch_cuda  # device index -> (used, total)
+
+
+def _device_type(device: str) -> tuple[str, int]:
+    kind, _, index = device.partition(":")
+    return kind, int(index) if index.isdigit() else 0
+
+
+def read_all(device: str, sources: MemorySources = MemorySources()) -> list[MemoryReading]:
+    """Every reading that bounds work on ``device`` (unknown ones are left out)."""
+    kind, index = _device_type(device)
+    out: list[MemoryReading] = []
+    if kind == "cuda":
+        cuda = sources.cuda(index)
+        if cuda is not None:
+            out.append(MemoryReading(cuda[0], cuda[1], device))
+        return out  # a discrete GPU: host memory is not what runs out first
+    if kind == "mps":
+        mps = sources.mps()
+        if mps is not None and mps.recommended_max > 0:
+            out.append(MemoryReading(mps.driver, mps.recommended_max, "mps"))
+    system = sources.system()
+    if system is not None and system[1] > 0:
+        out.append(MemoryReading(system[0], system[1], "system"))
+    return out
+
+
+def read_memory(device: str, sources: MemorySources = MemorySources()) -> MemoryReading:
+    """The tightest reading for ``device``: CUDA memory on a GPU; on a Mac the fuller of Metal's
+    allocation against its recommended budget and system memory; system memory on the CPU.
+    ``MemoryReading(0, 0)`` when nothing can be read (then the guard never blocks)."""
+    readings = read_all(device, sources)
+    return max(readings, key=lambda r: r.fraction) if readings else MemoryReading(0, 0, "unknown")
+
+
+def system_memory_reader(device: str) -> MemoryReading:
+    """The real readings (the default ``reader`` of :class:`MemoryGuard`)."""
+    return read_memory(device)
+
+
+def memory_samples(device: str, sources: MemorySources = MemorySources()) -> list[tuple[dict[str, str], float]]:
+    """Gauge samples ``({"source": ..., "kind": "used"|"total"}, bytes)`` for ``/metrics``."""
+    out = []
+    for r in read_all(device, sources):
+        out.append(({"source": r.source, "kind": "used"}, float(r.used)))
+        out.append(({"source": r.source, "kind": "total"}, float(r.total)))
+    return out
+
+
 MemoryReader = Callable[[str], MemoryReading]  # device string ("cpu", "cuda:0", "mps") -> reading
 Shrinker = Callable[[], int]  # frees what it can, returns bytes released (best effort)
 
 
-def system_memory_reader(device: str) -> MemoryReading:
-    """Real readings: CUDA ``mem_get_info`` for GPUs, /proc/meminfo (MemAvailable) for the CPU/MPS."""
-    if device.startswith("cuda"):
-        import torch
+@dataclass(frozen=True)
+class DegradeStep:
+    """One way to free memory. ``run`` does it and returns the bytes released (0 if unknown)."""
 
-        free, total = torch.cuda.mem_get_info(torch.device(device))
-        return MemoryReading(used=total - free, total=total)
-    try:
-        info = {}
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                key, _, rest = line.partition(":")
-                info[key] = int(rest.split()[0]) * 1024
-        total = info["MemTotal"]
-        return MemoryReading(used=total - info.get("MemAvailable", info.get("MemFree", 0)), total=total)
-    except (OSError, KeyError, ValueError, IndexError):
-        return MemoryReading(used=0, total=0)  # unknown: never blocks
+    name: str  # as logged and counted, e.g. "reference cache"
+    run: Callable[[], int | None]
+    order: int = ORDER_OTHER  # lower runs first
+    devices: tuple[str, ...] = ()  # device types it applies to ("cuda", "mps", "cpu"); empty: all
+    restore: Callable[[], None] | None = None  # undo once memory is back well under the watermark
+
+    def applies_to(self, device: str) -> bool:
+        return not self.devices or _device_type(device)[0] in self.devices
 
 
 @dataclass(frozen=True)
 class Admission:
     """Where a request may run, and why."""
 
-    device: str  # the device to run on (the requested one, or "cpu" when degraded)
-    action: str  # "ok", "shrunk" (caches shrank, then fit), "cpu", "waited"
+    device: str  # the device to run on (the requested one, or "cpu" when degraded on a discrete GPU)
+    action: str  # "ok", "shrunk" (degrade steps ran, then it fit), "cpu", "waited"
     reading: MemoryReading
+    steps: tuple[str, ...] = ()  # the degrade steps run for this admission
+
+
+def _release_cached(device: str) -> None:
+    """Hand the allocator's cached blocks back, so freed tensors show up in the next reading."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    kind, _ = _device_type(device)
+    if kind == "cuda" and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    elif kind == "mps" and torch.backends.mps.is_available():
+        torch.mps.empty_cache()
 
 
 class MemoryGuard:
-    """Watermark policy for one engine. Owns the list of caches it may shrink and its decision log."""
+    """Watermark policy for one engine. Owns the degrade steps, their order and their counts."""
 
     def __init__(self, settings: EngineSettings = EngineSettings(), reader: MemoryReader = system_memory_reader,
-                 sleep: Callable[[float], None] = time.sleep, poll_seconds: float = 0.5) -> None:
+                 sleep: Callable[[float], None] = time.sleep, poll_seconds: float = 0.5,
+                 steps: Sequence[DegradeStep] = (), release: Callable[[str], None] = _release_cached) -> None:
         self.watermark = settings.memory_watermark
         self.policy = settings.on_memory_pressure
         self.wait_seconds = settings.memory_wait_seconds
         self._reader = reader
         self._sleep = sleep
         self._poll = poll_seconds
-        self._shrinkers: list[tuple[str, Shrinker]] = []
+        self._release = release
+        self._steps: list[DegradeStep] = []
+        self._applied: list[DegradeStep] = []  # steps with a restore, in the order they ran
         self._lock = threading.Lock()
         self.decisions: dict[str, int] = {"shrunk": 0, "cpu": 0, "waited": 0, "refused": 0}
+        self._step_counts: dict[str, int] = {}
+        for step in steps:
+            self.add_step(step)
 
-    def add_shrinker(self, name: str, shrink: Shrinker) -> None:
-        """Register a cache to shrink under pressure (called in registration order)."""
-        self._shrinkers.append((name, shrink))
+    # ---- registration ------------------------------------------------------------------
+    def add_step(self, step: DegradeStep) -> None:
+        """Register a degrade step; steps run by ``order`` (then registration order)."""
+        with self._lock:
+            if any(s.name == step.name for s in self._steps):
+                raise ValueError(f"degrade step {step.name!r} registered twice")
+            self._steps.append(step)
+            self._steps.sort(key=lambda s: s.order)  # stable: equal orders keep registration order
+            self._step_counts.setdefault(step.name, 0)
 
+    def add_shrinker(self, name: str, shrink: Shrinker, order: int = ORDER_OTHER) -> None:
+        """Register a cache to shrink under pressure (a step without restore)."""
+        self.add_step(DegradeStep(name, shrink, order))
+
+    @property
+    def steps(self) -> tuple[DegradeStep, ...]:
+        return tuple(self._steps)
+
+    def counts(self) -> dict[str, int]:
+        """How often each step ran, and the outcomes (``refused``, ``cpu``, ``waited``, ``restored``)."""
+        with self._lock:
+            out = {f"step:{k}": v for k, v in self._step_counts.items()}
+            out.update({k: v for k, v in self.decisions.items() if k != "shrunk"})
+            out["restored"] = self.decisions.get("restored", 0)
+            return out
+
+    # ---- the decision ------------------------------------------------------------------
     def over(self, device: str) -> tuple[bool, MemoryReading]:
         reading = self._reader(device)
         return reading.total > 0 and reading.fraction > self.watermark, reading
@@ -96,43 +254,73 @@ class MemoryGuard:
         """Decide where the next piece of work on ``device`` runs (see the module docstring)."""
         over, reading = self.over(device)
         if not over:
+            self._maybe_restore(device, reading)
             return Admission(device, "ok", reading)
+        ran: list[str] = []
         with self._lock:
-            for name, shrink in self._shrinkers:
-                freed = shrink()
-                over, after = self.over(device)
-                log.warning("memory on %s at %.0f%% (watermark %.0f%%): shrank %s, %d bytes released, now %.0f%%",
-                            device, 100 * reading.fraction, 100 * self.watermark, name, freed, 100 * after.fraction)
-                reading = after
+            for step in [s for s in self._steps if s.applies_to(device)]:
+                before = reading
+                freed = step.run() or 0
+                self._release(device)
+                self._step_counts[step.name] = self._step_counts.get(step.name, 0) + 1
+                ran.append(step.name)
+                if step.restore is not None and step not in self._applied:
+                    self._applied.append(step)
+                over, reading = self.over(device)
+                log.warning("memory on %s at %.0f%% of %s (watermark %.0f%%): %s, %d bytes released, now %.0f%%",
+                            device, 100 * before.fraction, before.source or "memory", 100 * self.watermark,
+                            step.name, freed, 100 * reading.fraction)
                 if not over:
                     self.decisions["shrunk"] += 1
-                    return Admission(device, "shrunk", reading)
-        if device == "cpu" or self.policy == "refuse":
+                    return Admission(device, "shrunk", reading, tuple(ran))
+        return self._after_steps(device, reading, tuple(ran))
+
+    def _after_steps(self, device: str, reading: MemoryReading, ran: tuple[str, ...]) -> Admission:
+        kind, _ = _device_type(device)
+        if self.policy == "cpu" and kind not in UNIFIED:
+            with self._lock:
+                self.decisions["cpu"] += 1
+            log.warning("memory on %s still at %.0f%% after %s: running this request on the CPU", device,
+                        100 * reading.fraction, ", ".join(ran) or "no degrade step")
+            return Admission("cpu", "cpu", reading, ran)
+        if self.policy == "wait":
+            waited = 0.0
+            while waited < self.wait_seconds:
+                self._sleep(self._poll)
+                waited += self._poll
+                over, reading = self.over(device)
+                if not over:
+                    with self._lock:
+                        self.decisions["waited"] += 1
+                    log.warning("memory on %s fell to %.0f%% after waiting %.1f s: request admitted", device,
+                                100 * reading.fraction, waited)
+                    return Admission(device, "waited", reading, ran)
+            raise self._refusal(device, reading, f"stayed {100 * reading.fraction:.0f}% full for {waited:.0f} s")
+        why = " (on unified memory, moving work to the CPU frees nothing)" if self.policy == "cpu" else ""
+        raise self._refusal(device, reading, f"is {100 * reading.fraction:.0f}% full even after "
+                            f"{', '.join(ran) or 'every degrade step'}{why}")
+
+    def _refusal(self, device: str, reading: MemoryReading, what: str) -> MemoryPressureError:
+        with self._lock:
             self.decisions["refused"] += 1
-            log.error("memory on %s still at %.0f%% after shrinking the caches: request refused", device,
-                      100 * reading.fraction)
-            raise MemoryPressureError(
-                f"{device} memory is {100 * reading.fraction:.0f}% full (watermark {100 * self.watermark:.0f}%) "
-                "even after shrinking the caches; retry later or lower the load"
-            )
-        if self.policy == "cpu":
-            self.decisions["cpu"] += 1
-            log.warning("memory on %s still at %.0f%% after shrinking the caches: running this request on the CPU",
-                        device, 100 * reading.fraction)
-            return Admission("cpu", "cpu", reading)
-        waited = 0.0
-        while waited < self.wait_seconds:
-            self._sleep(self._poll)
-            waited += self._poll
-            over, reading = self.over(device)
-            if not over:
-                self.decisions["waited"] += 1
-                log.warning("memory on %s fell to %.0f%% after waiting %.1f s: request admitted", device,
-                            100 * reading.fraction, waited)
-                return Admission(device, "waited", reading)
-        self.decisions["refused"] += 1
-        log.error("memory on %s stayed above the watermark for %.1f s: request refused", device, waited)
-        raise MemoryPressureError(
-            f"{device} memory stayed {100 * reading.fraction:.0f}% full for {waited:.0f} s "
-            f"(watermark {100 * self.watermark:.0f}%); retry later"
-        )
+        source = f" ({reading.source})" if reading.source and reading.source != device else ""
+        log.error("memory on %s%s %s: request refused", device, source, what)
+        return MemoryPressureError(f"{device} memory{source} {what} (watermark {100 * self.watermark:.0f}%); "
+                                   "retry later or lower the load")
+
+    def _maybe_restore(self, device: str, reading: MemoryReading) -> None:
+        if not self._applied or reading.total <= 0 or reading.fraction > self.watermark - RESTORE_MARGIN:
+            return
+        with self._lock:
+            applied, self._applied = self._applied, []
+            self.decisions["restored"] = self.decisions.get("restored", 0) + len(applied)
+        for step in reversed(applied):
+            log.info("memory on %s back to %.0f%%: undoing %s", device, 100 * reading.fraction, step.name)
+            step.restore()  # type: ignore[misc]
+
+
+def default_steps(reference_shrink: Shrinker, evict_idle_models: Shrinker) -> list[DegradeStep]:
+    """The engine's own steps: the reference cache, then idle models (the scheduler adds its slots)."""
+    return [DegradeStep("reference cache", reference_shrink, ORDER_REFERENCE_CACHE),
+            DegradeStep("idle models", evict_idle_models, ORDER_IDLE_MODELS)]
+

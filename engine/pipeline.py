@@ -23,6 +23,7 @@ import math
 import os
 import random
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +42,14 @@ from engine.errors import (
     with_field,
 )
 from engine.loading.model_pool import ModelPool, Models, WeightSet
-from engine.memory import MemoryGuard, MemoryReader, system_memory_reader
+from engine.memory import (
+    ORDER_IDLE_MODELS,
+    ORDER_REFERENCE_CACHE,
+    DegradeStep,
+    MemoryGuard,
+    MemoryReader,
+    system_memory_reader,
+)
 from engine.options import (
     MAX_SEED,
     EngineSettings,
@@ -49,9 +57,10 @@ from engine.options import (
     SynthesisPlan,
     resolve_plan,
 )
+from engine.readiness import Readiness
 from engine.reference import ReferenceRules, read_reference, reference_features
 from engine.reference_cache import ReferenceCache, ReferenceKey, sha256_bytes
-from engine.runtime import Runtime, resolve_runtime
+from engine.runtime import DeviceFallback, Runtime, resolve_runtime
 from engine.serving.requests import Piece
 from engine.t2s.decoding import (
     SamplingParams,
@@ -195,6 +204,41 @@ def _with_lookahead(items: Iterator[list]) -> Iterator[tuple[list, bool]]:
         current = following
 
 
+# ---- stage calls (each runs through VoiceCloner._stage, so a stage MPS cannot run falls back to the CPU) ----
+
+
+def _reference_features(nets: tuple, clip, **kwargs):
+    sovits, ssl, sv = nets
+    return reference_features(clip, sovits, ssl, sv, **kwargs)
+
+
+def _t2s_decode(model, inputs: list[T2SInput], prompt: torch.Tensor | None, params: SamplingParams,
+                rules: StopRules, loop: str, generator: torch.Generator) -> list[T2SOutput]:
+    decoder = T2SDecoder(model, generator=generator)
+    if loop == "batch":
+        return decoder.decode_batch(inputs, prompt, params, rules)
+    return [decoder.decode_naive(x, prompt, params, rules) for x in inputs]
+
+
+def _decode(sovits, *args, **kwargs) -> torch.Tensor:
+    return sovits.decode(*args, **kwargs)
+
+
+def _vocode(vocoder, mel: torch.Tensor) -> torch.Tensor:
+    weights = next(vocoder.parameters(), None) if isinstance(vocoder, torch.nn.Module) else None
+    return vocoder(mel if weights is None else mel.to(weights.device))
+
+
+def _noise_from(gen: torch.Generator):
+    """CFM noise from the request's generator, on its device, then moved where the CFM runs (the CPU when
+    the stage fell back): the same stream either way, and bit-identical to drawing on the device."""
+
+    def draw(shape, dtype, device):
+        return torch.randn(shape, generator=gen, dtype=dtype, device=gen.device).to(device)
+
+    return draw
+
+
 class _FastDecoder:
     """A request's view of the shared FastT2S: the T2SDecoder methods with this request's generator."""
 
@@ -249,7 +293,8 @@ class VoiceCloner:
 
     def __init__(self, models: Models, cache: ReferenceCache | None = None,
                  reference_rules: ReferenceRules = ReferenceRules(),
-                 max_text_chars: int = EngineSettings.max_text_chars, scheduler=None) -> None:
+                 max_text_chars: int = EngineSettings.max_text_chars, scheduler=None,
+                 fallback: DeviceFallback | None = None) -> None:
         from engine.text.frontend import TextFrontend
 
         self.scheduler = scheduler  # engine.serving.Scheduler of these models; None: the official flow
@@ -257,7 +302,14 @@ class VoiceCloner:
         self.cache = cache if cache is not None else ReferenceCache(max_entries=8)
         self.reference_rules = reference_rules
         self.max_text_chars = max_text_chars
+        self.fallback = fallback  # runs stages MPS cannot on the CPU (None: every stage on the models' device)
         self.frontend = TextFrontend("v1" if models.version == "v1" else "v2", bert=models.bert)
+
+    def _stage(self, stage: str, module, fn, *args, out_dtype: torch.dtype | None = None, **kwargs):
+        """``fn(module, *args, **kwargs)``, through the engine's DeviceFallback when it has one."""
+        if self.fallback is None:
+            return fn(module, *args, **kwargs)
+        return self.fallback.run(stage, module, fn, *args, out_dtype=out_dtype, **kwargs)
 
     # ---- references --------------------------------------------------------------------
     def prepare(self, reference: Reference) -> PreparedReference:
@@ -301,8 +353,8 @@ class VoiceCloner:
             clip = read_reference(io.BytesIO(main), self.reference_rules)
         except ReferenceAudioError as e:
             raise with_field(e, "reference.audio")
-        feats = reference_features(clip, m.sovits, m.ssl, m.sv, with_prompt=bool(prompt_text),
-                                   sovits_sample_rate=m.sovits_sample_rate)
+        feats = self._stage("ssl", (m.sovits, m.ssl, m.sv), _reference_features, clip, with_prompt=bool(prompt_text),
+                            sovits_sample_rate=m.sovits_sample_rate)
         specs, svs = [feats.spec], [feats.sv_embedding]
         if not m.uses_vocoder:
             for i, data in enumerate(aux):
@@ -310,8 +362,8 @@ class VoiceCloner:
                     aux_clip = read_reference(io.BytesIO(data), self.reference_rules)
                 except ReferenceAudioError as e:
                     raise with_field(e, f"reference.aux_audio[{i}]")
-                f = reference_features(aux_clip, m.sovits, None, m.sv, with_prompt=False,
-                                       sovits_sample_rate=m.sovits_sample_rate)
+                f = self._stage("ssl", (m.sovits, None, m.sv), _reference_features, aux_clip, with_prompt=False,
+                                sovits_sample_rate=m.sovits_sample_rate)
                 specs.append(f.spec)
                 svs.append(f.sv_embedding)
         phones: tuple[int, ...] = ()
@@ -330,8 +382,8 @@ class VoiceCloner:
             from engine.acoustic.cfm import prepare_prompt
 
             audio = torch.from_numpy(clip.audio).unsqueeze(0)  # (1, n) at the clip's rate
-            voice_prompt = prepare_prompt(m.sovits, sem, torch.tensor(phones, device=dev), feats.spec.to(dev),
-                                          audio, clip.sample_rate)
+            voice_prompt = self._stage("cfm", m.sovits, prepare_prompt, sem, torch.tensor(phones, device=dev),
+                                       feats.spec.to(dev), audio, clip.sample_rate)
         dtype = next(m.sovits.parameters()).dtype
         return PreparedReference(
             specs=tuple(s.to(dev, dtype) for s in specs),
@@ -544,6 +596,9 @@ class VoiceCloner:
     def _decode_batch(self, items: list[_Sentence], ref: PreparedReference, plan: SynthesisPlan,
                       decoder: T2SDecoder, params: SamplingParams, rules: StopRules) -> list[T2SOutput]:
         inputs = [self._t2s_input(s, ref) for s in items]
+        if isinstance(decoder, T2SDecoder):  # FastT2S runs on CUDA only, where nothing falls back
+            return self._stage("t2s", self.models.t2s, _t2s_decode, inputs, ref.prompt_semantic, params, rules,
+                               plan.t2s_loop, generator=decoder.generator)
         if plan.t2s_loop == "batch":
             return decoder.decode_batch(inputs, ref.prompt_semantic, params, rules)
         return [decoder.decode_naive(x, ref.prompt_semantic, params, rules) for x in inputs]
@@ -560,34 +615,35 @@ class VoiceCloner:
                 synthesize_batched,
                 synthesize_sequential,
             )
-            from engine.models.cfm import gaussian_noise
 
             voc_dtype = (next(m.vocoder.parameters()).dtype if isinstance(m.vocoder, torch.nn.Module)
                          else torch.float32)  # a Core ML wrapper takes float32
 
             def vocoder(mel: torch.Tensor) -> torch.Tensor:
-                return m.vocoder(mel.to(voc_dtype))
+                return self._stage("vocoder", m.vocoder, _vocode, mel.to(voc_dtype), out_dtype=torch.float32
+                                   ).to(mel.device)
 
-            noise = gaussian_noise(gen)
+            noise = _noise_from(gen)
             if plan.parallel_infer:
-                pieces, _ = synthesize_batched(m.sovits, vocoder, ref.voice_prompt,
-                                               list(zip(tokens, phones)),
-                                               speed=opts.speed_factor, sample_steps=opts.sample_steps, noise=noise)
+                pieces, _ = self._stage("cfm", m.sovits, synthesize_batched, vocoder, ref.voice_prompt,
+                                        list(zip(tokens, phones)), speed=opts.speed_factor,
+                                        sample_steps=opts.sample_steps, noise=noise, out_dtype=torch.float32)
                 return pieces
-            return [synthesize_sequential(m.sovits, vocoder, ref.voice_prompt, t, p, speed=opts.speed_factor,
-                                          sample_steps=opts.sample_steps, noise=noise)[0]
+            return [self._stage("cfm", m.sovits, synthesize_sequential, vocoder, ref.voice_prompt, t, p,
+                                speed=opts.speed_factor, sample_steps=opts.sample_steps, noise=noise,
+                                out_dtype=torch.float32)[0]
                     for t, p in zip(tokens, phones)]
         sv = list(ref.sv) if ref.sv is not None else None
         if opts.speed_factor == 1.0:
             # official: the whole batch in one decode (MRTE sees every sentence), cut at token boundaries
             up = math.prod(m.sovits.dims.upsample_rates) * (2 if m.sovits.dims.semantic_frame_rate == "25hz" else 1)
             codes = torch.cat(tokens).view(1, 1, -1)
-            wav = m.sovits.decode(codes, torch.cat(phones).unsqueeze(0), list(ref.specs), speed=1.0, sv_emb=sv,
-                                  generator=gen)[0, 0]
+            wav = self._stage("sovits", m.sovits, _decode, codes, torch.cat(phones).unsqueeze(0), list(ref.specs),
+                              speed=1.0, sv_emb=sv, generator=gen, out_dtype=torch.float32)[0, 0]
             ends = np.cumsum([0] + [t.shape[0] * up for t in tokens])
             return [wav[ends[i]:ends[i + 1]] for i in range(len(tokens))]
-        return [m.sovits.decode(t.view(1, 1, -1), p.unsqueeze(0), list(ref.specs),
-                                speed=opts.speed_factor, sv_emb=sv, generator=gen)[0, 0]
+        return [self._stage("sovits", m.sovits, _decode, t.view(1, 1, -1), p.unsqueeze(0), list(ref.specs),
+                            speed=opts.speed_factor, sv_emb=sv, generator=gen, out_dtype=torch.float32)[0, 0]
                 for t, p in zip(tokens, phones)]
 
     @torch.no_grad()
@@ -645,9 +701,13 @@ class Studio:
                                                             t2s_decoder=settings.t2s_decoder)
         self.references: ReferenceCache[PreparedReference] = ReferenceCache(
             settings.reference_cache_entries, settings.reference_cache_bytes)
-        self.memory = MemoryGuard(settings, memory_reader)
-        self.memory.add_shrinker("reference cache", self.references.shrink)
-        self.memory.add_shrinker("model pool", self.pool.shrink)
+        self.memory = MemoryGuard(settings, memory_reader, steps=(
+            DegradeStep("reference cache", self.references.shrink, ORDER_REFERENCE_CACHE),
+            DegradeStep("idle models", self._evict_idle_models, ORDER_IDLE_MODELS)))
+        self.fallback = DeviceFallback()  # MPS: a stage whose operator is missing reruns on the CPU
+        self.config_notices: tuple[str, ...] = ()  # set by from_config: settings that cannot work as written
+        self.readiness = Readiness(ready=True)  # a server's warm-up replaces it (engine.warmup); /health reads it
+        self._default_models: Callable[[], Models | None] = lambda: None  # weak: the default set, once loaded
         self._defaults = weights
         self.device_notice = ""  # set by from_config when the config's device was not available
         self._lock = threading.Lock()
@@ -662,9 +722,15 @@ class Studio:
         from engine.runtime import runtime_for_config
 
         cfg = config if isinstance(config, InferConfig) else load_config(config)
-        runtime, notice = runtime_for_config(cfg.active.device, cfg.active.is_half, device, precision)
+        active = cfg.active
+        runtime, notice = runtime_for_config(active.device, active.is_half, device, precision,
+                                             precision=active.precision or None,
+                                             stage_precisions=dict(active.stage_precisions))
         studio = cls(WeightSet.from_config(cfg), runtime, settings, **kwargs)
         studio.device_notice = notice
+        studio.config_notices = tuple(cfg.problems())
+        for problem in studio.config_notices:
+            log.warning("config %s: %s", cfg.source, problem)
         return studio
 
     @property
@@ -686,8 +752,11 @@ class Studio:
         """A VoiceCloner for these weights (defaults where None), loading them if needed."""
         weights = self._defaults.replace(gpt=gpt, sovits=sovits)
         models = self.pool.models(weights, runtime or self.runtime)
+        if weights == self._defaults:
+            self._default_models = weakref.ref(models)
         cloner = VoiceCloner(models, self.references, self.reference_rules, self.settings.max_text_chars,
-                             scheduler=self.scheduler(models) if self.settings.scheduler else None)
+                             scheduler=self.scheduler(models) if self.settings.scheduler else None,
+                             fallback=self.fallback)
         if self.settings.warmup:
             with self._lock:
                 first = models.id not in self._warmed
@@ -695,6 +764,10 @@ class Studio:
             if first:
                 warm_up(models)
         return cloner
+
+    def _evict_idle_models(self) -> int:
+        """Degrade step: drop every pooled network but those of the default weights; bytes released."""
+        return self.pool.evict_except(self._default_models())
 
     def synthesize(self, text: str, text_lang: str, reference: Reference,
                    options: SynthesisOptions = SynthesisOptions(), gpt: str | os.PathLike | None = None,

@@ -1,20 +1,29 @@
-"""The one place that decides device and precision, and runs operators a device lacks on the CPU.
+"""The one place that decides device and precision, and runs what a device lacks on the CPU.
 
 ``resolve_runtime`` looks at the machine once (through a :class:`DeviceProbe` that tests fake) and
 returns a frozen :class:`Runtime`. Loaders apply it once (``module.to(rt.device, rt.dtype_for(stage))``);
-everything else asks tensors and modules for their device and dtype.
+everything else asks tensors and modules for their device and dtype. ``runtime_for_config`` maps a
+``tts_infer.yaml`` section (``device``, ``is_half`` and the optional ``precision`` key) onto it.
+
+:class:`DeviceFallback` reruns a whole stage on the CPU when the accelerator lacks one of its
+operators (MPS), remembers the stage and counts it; :class:`CpuFallback` does the same for a
+weight-free function. docs/apple-silicon.md lists the operators GPT-SoVITS has hit.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import logging
 import threading
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, TypeVar
 
 import torch
+from torch import nn
 
 from engine.errors import ConfigError, DeviceUnavailableError
 
@@ -174,54 +183,98 @@ def runtime_from_official(device: str, is_half: bool, probe: DeviceProbe | None 
     return resolve_runtime(device, "fp16" if is_half else "fp32", probe=probe)
 
 
+def section_precision(is_half: bool, device: torch.device) -> str:
+    """What a section's ``is_half`` means on ``device``: fp32 when false; when true fp16, except on MPS,
+    where it means the ``auto`` policy (fp16 with the vocoders kept in fp32)."""
+    if not is_half:
+        return "fp32"
+    return "auto" if device.type == "mps" else "fp16"
+
+
 def runtime_for_config(device: str, is_half: bool, override_device: str | None = None,
-                       override_precision: str | None = None,
-                       probe: DeviceProbe | None = None) -> tuple[Runtime, str]:
+                       override_precision: str | None = None, probe: DeviceProbe | None = None,
+                       precision: str | None = None,
+                       stage_precisions: Mapping[str, str] | None = None) -> tuple[Runtime, str]:
     """The runtime of a config section with command-line overrides, and a notice ("" if none).
 
-    A device named on the command line must exist. A device named only by the config that this
+    Device: a device named on the command line must exist. A device named only by the config that this
     machine lacks (the shipped official config asks for CUDA) falls back to ``auto``, and the notice
     says so, so a server or page still starts on a machine without that device.
+
+    Precision, first match wins: the command line (``override_precision``), the section's
+    ``precision`` key, then ``is_half`` (see :func:`section_precision`). The section's per-stage keys
+    (``stage_precisions``, e.g. ``{"vocoder": "fp32"}``) then set single stages.
     """
-    precision = override_precision or ("fp16" if is_half else "fp32")
+    probe = probe_devices() if probe is None else probe
+    notice = ""
     try:
-        return resolve_runtime(override_device or device, precision, probe=probe), ""
+        dev = resolve_device(override_device or device, probe)
     except DeviceUnavailableError as e:
         if override_device:
             raise
         notice = (f"the config asks for device {device!r}, which this machine lacks ({e}); "
                   "running on the best device available instead (choose one with --device)")
         log.warning(notice)
-        return resolve_runtime("auto", override_precision or "auto", probe=probe), notice
+        dev = resolve_device("auto", probe)
+    chosen = override_precision or precision or section_precision(is_half, dev)
+    return resolve_runtime(str(dev), chosen, stage_precisions, probe=probe), notice
 
+
+# ---- operators the device lacks --------------------------------------------------------------
 
 T = TypeVar("T")
 
+# Phrases of the errors PyTorch raises for work a device cannot run. NotImplementedError is always
+# one (unregistered operators, and MPS's "Output channels > 65536 not supported at the MPS device");
+# RuntimeError/TypeError only with these phrases, and never an out-of-memory error.
+_MISSING_PHRASES = ("not implemented for", "not currently implemented", "is not supported on mps",
+                    "not supported at the mps device", "not supported on the mps", "for mps does not support",
+                    "to the mps backend but it does not have support", "mpsgraph does not support")
 
-def _is_missing_operator(err: BaseException) -> bool:
-    text = str(err)
-    return isinstance(err, NotImplementedError) or (
-        isinstance(err, RuntimeError) and ("not implemented for" in text or "not currently implemented" in text)
-    )
+
+def is_missing_operator(err: BaseException) -> bool:
+    """True for the errors of an operator (or a size or dtype of one) the device cannot run."""
+    if isinstance(err, NotImplementedError):
+        return True
+    if not isinstance(err, (RuntimeError, TypeError)):
+        return False
+    text = str(err).lower()
+    return "out of memory" not in text and any(p in text for p in _MISSING_PHRASES)
+
+
+_is_missing_operator = is_missing_operator  # the former private name
 
 
 def _map_tensors(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """``obj`` with ``fn`` applied to every tensor inside tuples, lists, dicts and dataclasses."""
     if isinstance(obj, torch.Tensor):
         return fn(obj)
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a named tuple
+        return type(obj)(*(_map_tensors(o, fn) for o in obj))
     if isinstance(obj, tuple):
         return tuple(_map_tensors(o, fn) for o in obj)
     if isinstance(obj, list):
         return [_map_tensors(o, fn) for o in obj]
     if isinstance(obj, dict):
         return {k: _map_tensors(v, fn) for k, v in obj.items()}
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        changes = {f.name: _map_tensors(getattr(obj, f.name), fn) for f in dataclasses.fields(obj) if f.init}
+        return dataclasses.replace(obj, **changes)
     return obj
 
 
-class CpuFallback:
-    """Runs an operator on the CPU when the tensors' device lacks it; logs once per operator.
+def _tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    found: list[torch.Tensor] = []
+    _map_tensors((args, kwargs), lambda t: found.append(t) or t)
+    return found
 
-    One instance per engine owns the set of operators already reported (bounded by the number of
-    distinct operator names the engine wraps).
+
+class CpuFallback:
+    """Runs a parameter-free operator on the CPU when the tensors' device lacks it; logs once per operator.
+
+    For functions without weights (a spectrogram, an interpolation). Networks go through
+    :class:`DeviceFallback`, which also moves their weights. One instance per engine owns the set of
+    operators already reported (bounded by the number of distinct names the engine wraps).
     """
 
     def __init__(self, logger: logging.Logger = log) -> None:
@@ -236,8 +289,8 @@ class CpuFallback:
     def run(self, name: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         try:
             return fn(*args, **kwargs)
-        except (NotImplementedError, RuntimeError) as err:
-            if not _is_missing_operator(err):
+        except (NotImplementedError, RuntimeError, TypeError) as err:
+            if not is_missing_operator(err):
                 raise
             devices = {t.device for t in _tensors(args, kwargs)}
             if not devices or devices == {torch.device("cpu")}:
@@ -253,7 +306,142 @@ class CpuFallback:
             return _map_tensors(out, lambda t: t.to(back))
 
 
-def _tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
-    found: list[torch.Tensor] = []
-    _map_tensors((args, kwargs), lambda t: found.append(t) or t)
-    return found
+@dataclass(frozen=True)
+class FallbackRecord:
+    """Why a stage runs on the CPU: the device that failed and the first line of its error."""
+
+    stage: str
+    device: str
+    error: str
+
+
+def _weights_of(module: Any) -> list[torch.Tensor]:
+    if isinstance(module, (tuple, list)):
+        return [w for m in module for w in _weights_of(m)]
+    net = module if isinstance(module, nn.Module) else getattr(module, "model", None)
+    if not isinstance(net, nn.Module):
+        return []
+    return [*net.parameters(), *net.buffers()]
+
+
+def _first_weight(module: Any) -> torch.Tensor | None:
+    if isinstance(module, (tuple, list)):
+        return next((w for m in module if (w := _first_weight(m)) is not None), None)
+    net = module if isinstance(module, nn.Module) else getattr(module, "model", None)
+    if not isinstance(net, nn.Module):
+        return None
+    first = next(iter(net.parameters()), None)
+    return first if first is not None else next(iter(net.buffers()), None)
+
+
+def _module_device(module: Any) -> torch.device | None:
+    first = _first_weight(module)  # called on every stage run: no walk over all the weights
+    return first.device if first is not None else None
+
+
+def _module_dtype(module: Any) -> torch.dtype:
+    floats = [w.dtype for w in _weights_of(module) if w.is_floating_point()]
+    return floats[0] if floats else torch.float32
+
+
+def cpu_copy(module: Any) -> Any:
+    """A float32 copy of ``module`` on the CPU, built without a second copy on the device."""
+    memo: dict[int, Any] = {}
+    for t in _weights_of(module):
+        moved = t.detach().to("cpu", torch.float32 if t.is_floating_point() else t.dtype)
+        memo[id(t)] = nn.Parameter(moved, requires_grad=False) if isinstance(t, nn.Parameter) else moved
+    return copy.deepcopy(module, memo)
+
+
+class DeviceFallback:
+    """Reruns a whole stage on the CPU when the accelerator lacks one of its operators (MPS).
+
+    ``run(stage, module, fn, *args)`` calls ``fn(module, *args)``. If that raises a missing-operator
+    error (NotImplementedError, or PyTorch's MPS "not implemented"/"not supported" errors) on a device
+    listed in ``devices``, the stage is remembered, logged once and counted, and ``fn`` runs again
+    on a float32 CPU copy of ``module`` with the inputs moved to the CPU; the outputs come back to the
+    device in the stage's dtype. Later calls of that stage go straight to the CPU path.
+
+    One instance per engine. It owns the CPU copies (one per network, dropped with the network) and
+    the per-stage counts that ``/metrics`` exports (:meth:`counts`).
+    """
+
+    def __init__(self, devices: tuple[str, ...] = ("mps",), logger: logging.Logger = log) -> None:
+        self.devices = devices
+        self._logger = logger
+        self._lock = threading.Lock()
+        self._records: dict[str, FallbackRecord] = {}
+        self._counts: dict[str, int] = {}
+        self._copies: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+    @property
+    def cpu_stages(self) -> dict[str, FallbackRecord]:
+        """The stages that run on the CPU now, with the error that sent them there."""
+        with self._lock:
+            return dict(self._records)
+
+    def counts(self) -> dict[str, int]:
+        """CPU runs per stage since start (the first, failed device attempt included)."""
+        with self._lock:
+            return dict(self._counts)
+
+    def run(self, stage: str, module: Any, fn: Callable[..., T], *args: Any, out_dtype: torch.dtype | None = None,
+            **kwargs: Any) -> T:
+        """``fn(module, *args, **kwargs)``, on the CPU when ``stage`` needs it. ``module``: a network, or a tuple
+        of networks (None allowed) that ``fn`` receives as one. ``out_dtype``: the dtype of floating outputs of
+        a CPU run (default: the stage's, i.e. its first network's); float32 suits audio."""
+        device = _module_device(module)
+        if device is None or device.type not in self.devices:
+            return fn(module, *args, **kwargs)
+        if stage not in self._records:
+            try:
+                return fn(module, *args, **kwargs)
+            except (NotImplementedError, RuntimeError, TypeError) as err:
+                if not is_missing_operator(err):
+                    raise
+                self._remember(stage, device, err)
+        return self._on_cpu(stage, module, fn, device, args, kwargs, out_dtype)
+
+    def _remember(self, stage: str, device: torch.device, err: BaseException) -> None:
+        line = (str(err).splitlines() or [type(err).__name__])[0]
+        with self._lock:
+            first = stage not in self._records
+            self._records.setdefault(stage, FallbackRecord(stage, str(device), line))
+        if first:
+            self._logger.warning("the %s stage needs an operator %s lacks; it runs on the CPU from now on (%s: %s)",
+                                 stage, device, type(err).__name__, line)
+
+    def _cpu_module(self, module: Any) -> Any:
+        if isinstance(module, (tuple, list)):
+            return type(module)(None if m is None else self._cpu_module(m) for m in module)
+        with self._lock:
+            found = self._copies.get(module)
+        if found is None:
+            found = cpu_copy(module)
+            with self._lock:
+                self._copies[module] = found
+        return found
+
+    def _on_cpu(self, stage: str, module: Any, fn: Callable[..., T], device: torch.device,
+                args: tuple, kwargs: dict, out_dtype: torch.dtype | None) -> T:
+        with self._lock:
+            self._counts[stage] = self._counts.get(stage, 0) + 1
+        dtype = out_dtype or _module_dtype(module)
+        cpu_args = _map_tensors(args, _to_cpu_float)
+        cpu_kwargs = {k: _cpu_generator(v) if isinstance(v, torch.Generator) else _map_tensors(v, _to_cpu_float)
+                      for k, v in kwargs.items()}
+        cpu_args = tuple(_cpu_generator(a) if isinstance(a, torch.Generator) else a for a in cpu_args)
+        out = fn(self._cpu_module(module), *cpu_args, **cpu_kwargs)
+        return _map_tensors(out, lambda t: t.to(device, dtype) if t.is_floating_point() else t.to(device))
+
+
+def _to_cpu_float(t: torch.Tensor) -> torch.Tensor:
+    return t.to("cpu", torch.float32) if t.is_floating_point() else t.cpu()
+
+
+def _cpu_generator(gen: torch.Generator) -> torch.Generator:
+    """A CPU generator seeded from ``gen`` (which advances), so a request's noise stays reproducible."""
+    if gen.device.type == "cpu":
+        return gen
+    seed = int(torch.randint(0, 2**62, (1,), generator=gen, device=gen.device).item())
+    return torch.Generator().manual_seed(seed)

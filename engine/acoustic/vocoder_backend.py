@@ -45,8 +45,10 @@ def current_system() -> str:
 
 
 def coremltools_available() -> bool:
+    from engine.coreml import import_coremltools
+
     try:
-        import coremltools  # noqa: F401
+        import_coremltools()
     except ImportError:
         return False
     return True
@@ -85,6 +87,18 @@ def probe_inputs(channels: int, gin_channels: int = 0, frames: int = PROBE_FRAME
     if gin_channels:
         return torch.randn(1, channels, frames, generator=gen), torch.randn(1, gin_channels, 1, generator=gen)
     return (torch.randn(1, channels, frames, generator=gen) * 1.5 - 5.0,)
+
+
+def _on_its_device(vocoder: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """``vocoder`` taking float32 host tensors: moved to its weights' device and dtype (MPS, fp16), back as float32."""
+    weights = next(iter(vocoder.parameters()), None) if isinstance(vocoder, torch.nn.Module) else None
+    if weights is None:
+        return vocoder
+
+    def call(*inputs: torch.Tensor) -> torch.Tensor:
+        return vocoder(*(x.to(weights.device, weights.dtype) for x in inputs)).float().cpu()
+
+    return call
 
 
 @dataclass(frozen=True)
@@ -138,7 +152,7 @@ def select_vocoder(
     probe = probe_inputs(channels, gin_channels)
     try:
         with torch.inference_mode():
-            reference = torch_vocoder(*probe)
+            reference = _on_its_device(torch_vocoder)(*probe)
             got = candidate(*probe)
         err = relative_error(got, reference)
     except Exception as e:  # a package that loads but cannot predict (Core ML runtime errors vary)
@@ -152,3 +166,25 @@ def select_vocoder(
         return SelectedVocoder(torch_vocoder, "torch", reason, err)
     log.info("using the Core ML vocoder %s (relative difference %.3g on a test input)", package, err)
     return SelectedVocoder(candidate, "coreml", "", err)
+
+
+def use_coreml_decoder(sovits: torch.nn.Module, package: str, sample_rate: int, **select: object) -> SelectedVocoder:
+    """Run the HiFi-GAN decoder of a v1/v2/v2Pro* SoVITS model as a Core ML package (``vocoder_backend: coreml``).
+
+    The package must be the export of this model's own decoder (``export-coreml --vocoder v2``): after the
+    identity check, the probe comparison with the torch decoder catches a package made from other weights.
+    When it fits, ``sovits.dec`` becomes a :class:`~engine.coreml.package.CoreMLDecoder` (at load time, before
+    the model is shared); otherwise the torch decoder stays and the reason is logged. ``select`` passes
+    ``system``/``coremltools_ok``/``load_package`` to :func:`select_vocoder` (tests fake them).
+    """
+    import math
+
+    dims = sovits.dims
+    chosen = select_vocoder("coreml", _on_its_device(sovits.dec), kind="v2", sample_rate=sample_rate,
+                            hop=math.prod(dims.upsample_rates), channels=dims.inter_channels,
+                            gin_channels=dims.gin_channels, package=package or None, **select)  # type: ignore[arg-type]
+    if chosen.backend == "coreml":
+        from engine.coreml.package import CoreMLDecoder
+
+        sovits.dec = CoreMLDecoder(chosen.vocoder)
+    return chosen

@@ -200,8 +200,11 @@ def export_vocoder(
 ) -> ExportReport:
     """Trace, convert and save ``spec`` as ``out`` (an ``.mlpackage`` folder, replaced if present)."""
     try:
-        import coremltools as ct
         import numpy as np
+
+        from engine.coreml import import_coremltools
+
+        ct = import_coremltools()
     except ImportError as e:
         raise OptionsError("Core ML export needs coremltools: pip install 'coremltools>=8,<10'") from e
     if quantize not in ("none", "int8"):

@@ -69,6 +69,9 @@ def read_package_info(path: str | os.PathLike) -> PackageInfo:
     if not spec_file.is_file():
         raise CheckpointError(f"Core ML package {path} is corrupt: it has no model spec; export it again")
     try:
+        from engine.coreml import import_coremltools
+
+        import_coremltools()
         from coremltools.proto import Model_pb2
 
         spec = Model_pb2.Model()
@@ -110,6 +113,9 @@ _DTYPE_NAMES = {10: "float16", 11: "float32", 12: "float64", 21: "int8"}  # MIL 
 
 def op_precisions(path: str | os.PathLike) -> dict[str, set[str]]:
     """op type -> output dtypes in a package's ML program (e.g. ``{"sin": {"float32"}}``); for inspection."""
+    from engine.coreml import import_coremltools
+
+    import_coremltools()
     from coremltools.proto import Model_pb2
 
     spec = Model_pb2.Model()
@@ -178,7 +184,9 @@ class CoreMLVocoder:
 
     def __init__(self, info: PackageInfo, compute_units: str = "ALL"):
         try:
-            import coremltools as ct
+            from engine.coreml import import_coremltools
+
+            ct = import_coremltools()
         except ImportError as e:
             raise CheckpointError("running Core ML packages needs coremltools: pip install coremltools") from e
         self.info = info
@@ -215,3 +223,19 @@ def load_coreml_vocoder(path: str | os.PathLike, kind: str, sample_rate: int, ho
     info = read_package_info(path)
     check_package(info, kind, sample_rate, hop, channels)
     return CoreMLVocoder(info, compute_units)
+
+
+class CoreMLDecoder(torch.nn.Module):
+    """A v1/v2/v2Pro* HiFi-GAN decoder package in place of ``SynthesizerTrn.dec`` (called as ``dec(z, g=ge)``).
+
+    Holds no weights: inputs go to the package as float32 on the host, the audio comes back on the
+    input's device in its dtype.
+    """
+
+    def __init__(self, vocoder: Callable[..., torch.Tensor]) -> None:
+        super().__init__()
+        self.vocoder = vocoder
+
+    def forward(self, x: torch.Tensor, g: torch.Tensor | None = None) -> torch.Tensor:
+        audio = self.vocoder(x.float(), None if g is None else g.float())  # (1, 1, T * hop)
+        return audio.to(device=x.device, dtype=x.dtype)

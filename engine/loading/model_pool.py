@@ -48,40 +48,42 @@ class WeightPathError(CheckpointError, OptionsError):
 
 @dataclass(frozen=True)
 class WeightSet:
-    """The files of one model set. ``vocoder``/``sv`` None: the official location under ``base_dir``."""
+    """The files of one model set. ``vocoder``/``sv`` None: the official location under ``base_dir``.
+
+    The vocoder, SV and Core ML choices are per version (``per_version``, from the config's sections), so
+    a v3 and a v4 model named by requests on one config each find their own vocoder."""
 
     gpt: Path
     sovits: Path
     bert: Path
     ssl: Path
-    vocoder: Path | None = None
+    vocoder: Path | None = None  # for any version without its own (per_version) entry
     sv: Path | None = None
     base_dir: Path = field(default_factory=Path.cwd)
     vocoder_backend: str = "torch"  # "torch" or "coreml" (config key vocoder_backend; coreml on macOS only)
     vocoder_package: str = ""  # the Core ML package for "coreml" (config key vocoder_coreml_package)
+    per_version: tuple[tuple[str, str, str], ...] = ()  # (version, config key, value) set by the config
 
     @classmethod
     def from_config(cls, config, gpt: str | os.PathLike | None = None,
                     sovits: str | os.PathLike | None = None) -> "WeightSet":
         """The active section of an ``InferConfig``; ``gpt``/``sovits`` override its two weight paths."""
-        active = config.active
+        from engine.versions import VERSIONS
 
-        def opt(p: str) -> Path | None:  # relative paths resolve against the config's base folder
-            if not p:
-                return None
-            path = Path(os.path.expanduser(p))
-            return path if path.is_absolute() else Path(config.base_dir) / path
-
+        entries = []
+        for version in VERSIONS:
+            for key in ("vocoder_path", "sv_weights_path", "vocoder_coreml_package"):
+                if (path := config.extension_path(key, version)) is not None:
+                    entries.append((version, key, str(path)))
+            if (backend := config.extension("vocoder_backend", version)) not in ("", "torch"):
+                entries.append((version, "vocoder_backend", backend))
         return cls(
             gpt=Path(gpt) if gpt else config.path("t2s_weights_path"),
             sovits=Path(sovits) if sovits else config.path("vits_weights_path"),
             bert=config.path("bert_base_path"),
             ssl=config.path("cnhuhbert_base_path"),
-            vocoder=opt(active.vocoder_path),
-            sv=opt(active.sv_weights_path),
             base_dir=config.base_dir,
-            vocoder_backend=getattr(active, "vocoder_backend", "torch") or "torch",
-            vocoder_package=str(opt(getattr(active, "vocoder_coreml_package", "") or "") or ""),
+            per_version=tuple(entries),
         )
 
     def replace(self, gpt: str | os.PathLike | None = None, sovits: str | os.PathLike | None = None) -> "WeightSet":
@@ -89,10 +91,26 @@ class WeightSet:
 
         return replace(self, gpt=Path(gpt) if gpt else self.gpt, sovits=Path(sovits) if sovits else self.sovits)
 
+    def setting(self, key: str, version: str) -> str:
+        """The config value of ``key`` for models of ``version`` ("" when the config sets none)."""
+        return next((v for ver, k, v in self.per_version if ver == version and k == key), "")
+
     def extra(self, kind: str, version: str) -> Path:
         """The vocoder (kind "vocoder", for v3/v4) or SV (kind "sv") file, with the official fallback."""
-        chosen = self.vocoder if kind == "vocoder" else self.sv
+        own = self.setting("vocoder_path" if kind == "vocoder" else "sv_weights_path", version)
+        chosen = Path(own) if own else (self.vocoder if kind == "vocoder" else self.sv)
         return chosen if chosen is not None else self.base_dir / OFFICIAL_EXTRAS["sv" if kind == "sv" else version]
+
+    def backend(self, version: str) -> tuple[str, str]:
+        """(vocoder backend, Core ML package) for models of ``version``."""
+        return (self.setting("vocoder_backend", version) or self.vocoder_backend,
+                self.setting("vocoder_coreml_package", version) or self.vocoder_package)
+
+    def coreml_decoders(self) -> tuple[tuple[str, str], ...]:
+        """(version, package) of the v1/v2/v2Pro* versions whose HiFi-GAN decoder should run in Core ML."""
+        from engine.versions import DIRECT_VERSIONS
+
+        return tuple((v, pkg) for v in DIRECT_VERSIONS for backend, pkg in [self.backend(v)] if backend == "coreml")
 
 
 def check_weight_path(path: str | os.PathLike, roots: tuple[str, ...], name: str, must_exist: bool = True) -> Path:
@@ -184,7 +202,7 @@ def _load_t2s(path: Path, rt: Runtime, decoder: str = "reference") -> tuple[nn.M
     return model, ckpt.early_stop_num, sim.cpu(), fast
 
 
-def _load_sovits(path: Path, rt: Runtime, base_dir: str = "."):
+def _load_sovits(path: Path, rt: Runtime, base_dir: str = ".", coreml: tuple[tuple[str, str], ...] = ()):
     from engine.loading.checkpoints import sovits_version_from_file
     from engine.loading.sovits import load_sovits
 
@@ -192,6 +210,11 @@ def _load_sovits(path: Path, rt: Runtime, base_dir: str = "."):
     base = Path(base_dir) / OFFICIAL_BASES[version] if is_lora and version in OFFICIAL_BASES else None
     loaded = load_sovits(path, rt.device, rt.dtype_for("sovits"), base_path=base)
     module = loaded.module.to(rt.device, rt.dtype_for("sovits"))  # the v3/v4 loader returns fp32 on the CPU
+    package = dict(coreml).get(loaded.model_version)
+    if package is not None:  # vocoder_backend: coreml for this version: its HiFi-GAN decoder as a Core ML package
+        from engine.acoustic.vocoder_backend import use_coreml_decoder
+
+        use_coreml_decoder(module, package, loaded.sampling_rate)  # keeps the torch decoder when it cannot
     return module, loaded.model_version, loaded.sampling_rate
 
 
@@ -280,14 +303,15 @@ class ModelPool:
         if decoder == "auto":
             decoder = "fast" if runtime.device.type == "cuda" else "reference"
         t2s, early_stop, sim, fast = self._get("t2s", gpt, runtime, pinned, decoder)
-        sovits, version, sr = self._get("sovits", sovits_path, runtime, pinned, str(weights.base_dir))
+        sovits, version, sr = self._get("sovits", sovits_path, runtime, pinned, str(weights.base_dir),
+                                        weights.coreml_decoders())
         ssl = self._get("ssl", ssl_path, runtime, pinned)
         bert = self._get("bert", bert_path, runtime, pinned)
         vocoder = sv = None
         if version in VOCODER_VERSIONS:
-            path = check_weight_path(weights.extra("vocoder", version), (), f"{version} vocoder (vocoder_path)")
-            vocoder = self._get("vocoder", path, runtime, pinned, version, weights.vocoder_backend,
-                                weights.vocoder_package)
+            path = check_weight_path(weights.extra("vocoder", version), (),
+                                     f"{version} vocoder (vocoder_path of the config's {version} section)")
+            vocoder = self._get("vocoder", path, runtime, pinned, version, *weights.backend(version))
         if uses_speaker_embedding(version):
             path = check_weight_path(weights.extra("sv", version), (), "speaker-verification weights (sv_weights_path)")
             sv = self._get("sv", path, runtime, pinned)
@@ -299,6 +323,24 @@ class ModelPool:
     def shrink(self, fraction: float = 0.5) -> int:
         """Drop least recently used networks until at most ``fraction`` of the bytes remain."""
         return self._cache.shrink(fraction)
+
+    def evict_except(self, keep: Models | None) -> int:
+        """Drop every network that ``keep`` does not use (the idle ones); bytes released. Networks still held by
+        running requests stay alive until those end; the pool only drops its references."""
+        used = set() if keep is None else {id(v) for v in (keep.t2s, keep.sovits, keep.ssl, keep.bert, keep.vocoder,
+                                                          keep.sv) if v is not None}
+        with self._lock:
+            before = self._bytes
+            for key in list(self._items):
+                value = self._items[key][0]
+                parts = value if isinstance(value, tuple) else (value,)
+                if not any(id(p) in used for p in parts):
+                    self._bytes -= self._items.pop(key)[1]
+                    self.evictions += 1
+            released = before - self._bytes
+        if released:
+            log.info("model pool: evicted idle networks (%d bytes)", released)
+        return released
 
     def stats(self) -> PoolStats:
         c = self._cache

@@ -75,19 +75,87 @@ def add_server_arguments(parser: argparse.ArgumentParser, *, port: int, port_not
     add_engine_limits(parser)
 
 
+def add_knob_arguments(parser: argparse.ArgumentParser, *, warmup: bool = False) -> None:
+    """The operating knobs (engine.config.KNOBS): one flag per config key, default shown from its dataclass.
+
+    ``warmup``: also ``--warmup/--no-warmup`` (serve and webui warm up at start)."""
+    from engine.config import KNOBS
+    from engine.options import PRESSURE_ACTIONS
+
+    group = parser.add_argument_group("operating knobs (also config keys of the active section; the flag wins)")
+    for knob in KNOBS:
+        if knob.key == "warmup" and not warmup:
+            continue
+        flag, default = "--" + knob.key.replace("_", "-"), knob.default()
+        if knob.kind is bool:
+            group.add_argument(flag, dest=knob.key, action=argparse.BooleanOptionalAction, default=None,
+                               help=f"{knob.help} (default: {'on' if default else 'off'})")
+            continue
+        choices = PRESSURE_ACTIONS if knob.key == "on_memory_pressure" else None
+        group.add_argument(flag, dest=knob.key, type=knob.kind, default=None, choices=choices,
+                           help=f"{knob.help} (default {default})")
+
+
+def knob_values(config, args: argparse.Namespace) -> dict[str, object]:
+    """Knob key -> value set by the command line, else by the config's active section (unset knobs are absent)."""
+    from engine.config import KNOBS
+
+    values = dict(config.active.knob_values)
+    for knob in KNOBS:
+        given = getattr(args, knob.key, None)
+        if given is not None:
+            values[knob.key] = given
+    return values
+
+
+def knob_settings(owner: str, values: dict[str, object]) -> dict[str, object]:
+    """The dataclass fields of ``owner`` (e.g. engine.config.ENGINE) that the knob values set, in field units."""
+    from engine.config import KNOB_KEYS
+
+    return {KNOB_KEYS[k].field: v * KNOB_KEYS[k].scale if KNOB_KEYS[k].scale != 1 else v
+            for k, v in values.items() if KNOB_KEYS[k].owner == owner}
+
+
 def build_studio(config, args: argparse.Namespace, **settings):
-    """The engine for ``config`` with the command's ``--device``/``--precision`` and ``EngineSettings`` fields.
+    """The engine for ``config`` with the command's ``--device``/``--precision``, the knobs (flags over the
+    config's keys) and ``EngineSettings`` fields given here.
 
     A device named only by the config that this machine lacks falls back to auto with a printed notice
-    (``studio.device_notice``); a device given on the command line must exist.
+    (``studio.device_notice``); a device given on the command line must exist. Config settings that cannot
+    work as written are printed as warnings (``studio.config_notices``).
     """
+    from engine.config import ENGINE
     from engine.options import EngineSettings
     from engine.pipeline import Studio
 
     if hasattr(args, "max_text_chars"):
         settings.setdefault("max_text_chars", args.max_text_chars)
+    settings = {**knob_settings(ENGINE, knob_values(config, args)), **settings}
     studio = Studio.from_config(config, device=getattr(args, "device", None),
                                 precision=getattr(args, "precision", None), settings=EngineSettings(**settings))
-    if studio.device_notice:
-        print(f"warning: {studio.device_notice}", file=sys.stderr)
+    for notice in (studio.device_notice, *studio.config_notices):
+        if notice:
+            print(f"warning: {notice}", file=sys.stderr)
     return studio
+
+
+def start_warmup(studio, config, args: argparse.Namespace, app=None):
+    """Warm ``studio`` up in the background unless ``--no-warmup``/``warmup: false``; sets and returns
+    ``studio.readiness`` ("starting" until the warm-up ends, then "ready"). With the server's ``app``, the
+    warm-up runs on its synthesis workers (the threads that serve the requests)."""
+    from engine.config import WARMUP
+    from engine.readiness import Readiness
+    from engine.warmup import WarmupSettings, configured_weight_sets, warm_up_in_background
+
+    warm = WarmupSettings(**knob_settings(WARMUP, knob_values(config, args)))
+    if not warm.enabled or config.missing_files():  # nothing to load yet: requests name their own weights
+        studio.readiness = Readiness(ready=True)
+        return studio.readiness
+    studio.readiness = Readiness()
+    print("warming up (load the configured models, one short synthesis per version); /health says "
+          "\"starting\" until then", file=sys.stderr)
+    context = getattr(getattr(app, "state", None), "context", None)
+    submit = context.runner.submit if context is not None else None
+    warm_up_in_background(studio, studio.readiness, configured_weight_sets(config, studio.default_weights), warm,
+                          submit=submit)
+    return studio.readiness

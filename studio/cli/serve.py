@@ -12,11 +12,17 @@ OFFICIAL_WEIGHT_DIRS = ("GPT_SoVITS/pretrained_models", "GPT_weights", "GPT_weig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from studio.cli.bootstrap import add_config_argument, add_device_arguments, add_server_arguments
+    from studio.cli.bootstrap import (
+        add_config_argument,
+        add_device_arguments,
+        add_knob_arguments,
+        add_server_arguments,
+    )
 
     add_config_argument(parser)
     add_device_arguments(parser)
     add_server_arguments(parser, port=9880, port_note="as api_v2.py")
+    add_knob_arguments(parser, warmup=True)
     parser.add_argument("--reference-dir", action="append", default=None, metavar="DIR",
                         help="folder that ref_audio_path may name files in (repeatable; default: the working folder)")
     parser.add_argument("--weights-dir", action="append", default=None, metavar="DIR",
@@ -37,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
 
-    from studio.cli.bootstrap import build_studio, load_engine_config
+    from studio.cli.bootstrap import build_studio, load_engine_config, start_warmup
     from studio.http.app import create_app
     from studio.http.auth import Access, check_keys, read_key_file
     from studio.http.context import ServerSettings
@@ -76,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
             server.request_exit()  # as SIGTERM: queued requests get 503, running ones the grace period
 
     app = create_app(studio, settings, on_control=on_control)
+    start_warmup(studio, config, args, app)
     host = None if args.host == "None" else args.host  # api_v2: `-a None` listens dual-stack
     server = DrainingServer(uvicorn_config(app, host or "::", args.port, settings.limits), app.state.context)
     server.run()  # SIGTERM: drain, then at most shutdown_grace_s for running requests

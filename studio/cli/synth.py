@@ -37,10 +37,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ref-lang", default="", help="language of the transcript")
     parser.add_argument("--aux-ref", action="append", default=[], help="extra reference clip (repeatable)")
     parser.add_argument("--out", required=True, help="output wav file")
-    from studio.cli.bootstrap import add_config_argument, add_device_arguments
+    from studio.cli.bootstrap import add_config_argument, add_device_arguments, add_knob_arguments
 
     add_config_argument(parser)
     add_device_arguments(parser)
+    add_knob_arguments(parser)
     parser.add_argument("--gpt", default=None, help="GPT weights (.ckpt); default: from the config")
     parser.add_argument("--sovits", default=None, help="SoVITS weights (.pth); default: from the config")
     parser.add_argument("--t2s-decoder", default="auto", choices=("auto", "fast", "reference", "int8"),

@@ -10,11 +10,17 @@ from pathlib import Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from studio.cli.bootstrap import add_config_argument, add_device_arguments, add_server_arguments
+    from studio.cli.bootstrap import (
+        add_config_argument,
+        add_device_arguments,
+        add_knob_arguments,
+        add_server_arguments,
+    )
 
     add_config_argument(parser)
     add_device_arguments(parser)
     add_server_arguments(parser, port=9872, port_note="as the official TTS page")
+    add_knob_arguments(parser, warmup=True)
     parser.add_argument("--share", action="store_true", help="also open a public Gradio share link (72 h)")
     parser.add_argument("--auth", default=None, metavar="USER:PASS|FILE",
                         help="require a login: USER:PASS, or a file with one USER:PASS per line")
@@ -24,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     import logging
 
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-    from studio.cli.bootstrap import build_studio, load_engine_config
+    from studio.cli.bootstrap import build_studio, load_engine_config, start_warmup
     from studio.http.context import ServerSettings
     from studio.http.limits import limits_from_args
     from webui.app import UISettings
@@ -47,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
     print("listing weight files...", file=sys.stderr)
     app = create_webui_app(studio, config, ui, server_settings, auth, concurrency=args.workers,
                            max_queue=args.max_queue, catalog=catalog)
+    start_warmup(studio, config, args, app)
     return _run(app, args.host, args.port, share=args.share, protected=bool(auth))
 
 

@@ -62,7 +62,7 @@ def create_app(studio: "Studio", settings: ServerSettings = ServerSettings(),
 
 def _context(studio: "Studio", settings: ServerSettings, on_control: Callable[[str], None] | None) -> ServerContext:
     from studio.http.exchange import Admission
-    from studio.http.metrics import ServerMetrics
+    from studio.http.metrics import ServerMetrics, register_engine_metrics
     from studio.http.profiles import ProfileStore
     from studio.http.runner import SynthesisRunner
 
@@ -72,6 +72,7 @@ def _context(studio: "Studio", settings: ServerSettings, on_control: Callable[[s
 
     limits = settings.limits
     metrics = ServerMetrics(cache_stats=cache_stats, queue_length=lambda: runner.queue_length)
+    register_engine_metrics(metrics.registry, studio)
     runner = SynthesisRunner(limits.workers, limits.max_queue,
                              on_start=lambda: metrics.in_progress.add(1), on_end=lambda: metrics.in_progress.add(-1))
     roots = settings.weight_roots or studio.settings.weight_roots or default_weight_roots(studio)
@@ -121,9 +122,11 @@ def _add_service_routes(app: "FastAPI", ctx: ServerContext) -> None:
 
     @app.get("/health")
     async def health():
-        """``ok``, or ``draining`` (503) once shutdown has begun."""
+        """``starting`` while the warm-up runs, then ``ready``; ``draining`` (503) once shutdown has begun."""
         draining = ctx.admission.draining
-        body = {"status": "draining" if draining else "ok", "running": ctx.runner.running,
+        readiness = getattr(ctx.studio, "readiness", None)  # engine.warmup.Readiness, when a warm-up was started
+        status = "draining" if draining else (readiness.status if readiness is not None else "ready")
+        body = {"status": status, "running": ctx.runner.running,
                 "queued": ctx.runner.queue_length, "admitted": ctx.admission.active,
                 "uptime_seconds": round(time.time() - ctx.started, 1)}
         return JSONResponse(body, status_code=503 if draining else 200)

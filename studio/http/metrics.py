@@ -283,3 +283,30 @@ class ServerMetrics:
 
     def render(self) -> str:
         return self.registry.render()
+
+
+def register_engine_metrics(registry: Registry, studio) -> None:
+    """The engine's own counters: stages run on the CPU because the accelerator lacks an operator
+    (``studio.fallback``), memory degrade steps and refusals (``studio.memory``), and the memory readings
+    the watermark compares (engine.memory). Read at scrape time; a studio without them exports nothing."""
+
+    def fallbacks() -> list[Sample]:
+        counts = studio.fallback.counts() if getattr(studio, "fallback", None) is not None else {}
+        return [({"stage": stage}, float(n)) for stage, n in sorted(counts.items())]
+
+    def degrade() -> list[Sample]:
+        counts = studio.memory.counts() if getattr(studio, "memory", None) is not None else {}
+        return [({"step": step.removeprefix("step:")}, float(n)) for step, n in sorted(counts.items())]
+
+    def readings() -> list[Sample]:
+        from engine.memory import memory_samples
+
+        runtime = getattr(studio, "runtime", None)
+        return memory_samples(str(runtime.device)) if runtime is not None else []
+
+    registry.callback("sovits_cpu_fallback_total", "Stage runs moved to the CPU because the accelerator lacks "
+                      "one of their operators.", fallbacks, ("stage",), kind="counter")
+    registry.callback("sovits_memory_degrade_total", "Memory watermark decisions: degrade steps run, requests "
+                      "refused, moved to the CPU, waited, steps undone.", degrade, ("step",), kind="counter")
+    registry.callback("sovits_memory_reading_bytes", "Memory readings of the watermark (used and total per "
+                      "source: system, mps, cuda:N).", readings, ("source", "kind"))

@@ -361,4 +361,4 @@ def test_metrics_report_latency_queue_caches_and_memory(server) -> None:
     assert samples["sovits_queue_length"] == 0 and samples["sovits_requests_in_progress"] == 0
     assert samples['sovits_host_memory_bytes{kind="rss"}'] > 0
     assert samples["sovits_audio_seconds_total"] > 0
-    assert json.loads(httpx.get(f"{server}/health").text)["status"] == "ok"
+    assert json.loads(httpx.get(f"{server}/health").text)["status"] == "ready"

@@ -1,0 +1,154 @@
+"""Warm-up at start: load the configured models and synthesise once per configured version.
+
+Without it the first request pays for loading the weights, the text front end's dictionaries, the
+first-call kernel choices and, on CUDA, the capture of the T2S decode-step graph: about five times
+the second request on a CPU. :func:`warm_up` does that work before a server says it is ready:
+
+* for each model set the config names (the active section, plus every other version section the
+  file itself sets to other weights that exist), it runs one short synthesis through the normal
+  ``Studio.synthesize`` path: a synthetic reference clip, a short sentence in the first language of
+  ``WarmupSettings.languages``, a few semantic tokens;
+* it primes the text front end of the other languages;
+* on CUDA, the FastT2S graph of the common shape is captured by that same synthesis.
+
+:class:`Readiness` is what ``/health`` reports: ``starting`` until the warm-up ends, then ``ready``
+(a failed warm-up is logged and still ends in ``ready``: requests then pay the loading themselves).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from engine.readiness import Readiness
+
+log = logging.getLogger(__name__)
+
+WARMUP_TEXT = {"zh": "你好，欢迎。", "en": "Hello, welcome.", "ja": "こんにちは。", "ko": "안녕하세요.",
+               "yue": "你好。"}
+REFERENCE_TEXT = {"zh": "今天天气很好，我们出去走走吧。", "en": "The weather is nice today, let us take a walk.",
+                  "ja": "今日はいい天気ですね。", "ko": "오늘은 날씨가 좋네요.", "yue": "今日天氣好好。"}
+
+
+@dataclass(frozen=True)
+class WarmupSettings:
+    """What the start-up warm-up does (``warmup`` in the config, ``--no-warmup`` on the command line)."""
+
+    enabled: bool = True  # serve/webui: warm up before /health says "ready"
+    languages: tuple[str, ...] = ("zh", "en")  # first: the synthesis; the others: text front end only
+    max_tokens: int = 24  # semantic tokens of the warm-up sentence (about one second of speech)
+    sample_steps: int = 4  # CFM steps of the v3/v4 warm-up (kernels are the same for any count)
+
+
+@dataclass(frozen=True)
+class WarmupReport:
+    sets: tuple[str, ...]  # the versions warmed, in order
+    seconds: float
+    errors: tuple[str, ...] = field(default_factory=tuple)
+
+
+def reference_clip(seconds: float = 4.0, rate: int = 32000) -> bytes:
+    """A synthetic voiced clip (harmonics with syllable-rate bursts) as WAV bytes; passes the reference rules."""
+    import soundfile as sf
+
+    t = np.arange(int(seconds * rate)) / rate
+    phase = 2 * np.pi * np.cumsum(140.0 * (1 + 0.04 * np.sin(2 * np.pi * 4 * t))) / rate
+    voiced = sum(np.sin(k * phase) / k for k in range(1, 9))
+    bursts = 0.35 + 0.65 * np.sin(np.pi * 3.0 * t) ** 2
+    noise = np.random.default_rng(0).standard_normal(t.size)
+    x = 0.25 * voiced * bursts / np.abs(voiced).max() + 0.002 * noise
+    buf = io.BytesIO()
+    sf.write(buf, x.astype(np.float32), rate, format="WAV", subtype="PCM_16")
+    return buf.getvalue()
+
+
+def configured_weight_sets(config, default) -> list:
+    """The default WeightSet, then one per other version section the file sets to existing other weights."""
+    from dataclasses import replace
+
+    from engine.config import default_sections
+
+    builtin = default_sections()
+    sets = [default]
+    seen = {(default.gpt.resolve(), default.sovits.resolve())}
+    for name, section in config.sections.items():
+        if name == "custom" or name == config.active_name or section == builtin.get(name):
+            continue  # the active set is the default; untouched built-in sections are not "configured"
+        gpt, sovits = config.base_dir / section.t2s_weights_path, config.base_dir / section.vits_weights_path
+        if not (section.t2s_weights_path and section.vits_weights_path and gpt.is_file() and sovits.is_file()):
+            continue
+        key = (gpt.resolve(), sovits.resolve())
+        if key not in seen:
+            seen.add(key)
+            sets.append(replace(default, gpt=gpt, sovits=sovits))
+    return sets
+
+
+def warm_up(studio, weight_sets: Sequence | None = None, settings: WarmupSettings = WarmupSettings(),
+            on_step: Callable[[str], None] | None = None) -> WarmupReport:
+    """Load each weight set and synthesise once (see the module docstring). Errors are collected, not raised."""
+    from engine.options import SynthesisOptions
+    from engine.pipeline import Reference
+
+    start = time.monotonic()
+    sets = list(weight_sets) if weight_sets is not None else [studio.default_weights]
+    first, others = settings.languages[0], settings.languages[1:]
+    clip = reference_clip()
+    done: list[str] = []
+    errors: list[str] = []
+    for weights in sets:
+        label = f"{weights.sovits.name}"
+        try:
+            cloner = studio.cloner(weights.gpt, weights.sovits)
+            version = cloner.models.version
+            label = f"{version} ({weights.sovits.name})"
+            if on_step is not None:
+                on_step(f"warming up {label}")
+            options = SynthesisOptions(seed=0, early_stop_num=settings.max_tokens, sample_steps=settings.sample_steps,
+                                       fragment_interval=0.0)
+            reference = Reference(clip, REFERENCE_TEXT.get(first, REFERENCE_TEXT["en"]), first)
+            results = studio.synthesize(WARMUP_TEXT.get(first, WARMUP_TEXT["en"]), first, reference, options,
+                                        gpt=weights.gpt, sovits=weights.sovits)
+            for _ in results:
+                pass
+            for lang in others:  # dictionaries and models of the other front ends
+                cloner.frontend.phones_and_bert(WARMUP_TEXT.get(lang, WARMUP_TEXT["en"]), lang)
+            done.append(version)
+            log.info("warmed up %s", label)
+        except Exception as e:  # a warm-up failure must not stop the server; requests report real errors
+            errors.append(f"{label}: {type(e).__name__}: {e}")
+            log.warning("warm-up of %s failed (%s: %s); the first request will load what it needs",
+                        label, type(e).__name__, e)
+    return WarmupReport(tuple(done), round(time.monotonic() - start, 3), tuple(errors))
+
+
+def warm_up_in_background(studio, readiness: Readiness, weight_sets: Sequence | None = None,
+                          settings: WarmupSettings = WarmupSettings(),
+                          submit: Callable[..., object] | None = None) -> threading.Thread:
+    """Run :func:`warm_up` off the caller's thread and mark ``readiness`` when it ends.
+
+    ``submit(fn)``: run it on the server's synthesis workers instead (e.g. ``SynthesisRunner.submit``), so the
+    worker thread that serves the first request has done its own first-call work; the returned thread then only
+    waits for that job."""
+
+    def work() -> WarmupReport:
+        return warm_up(studio, weight_sets, settings)
+
+    def run() -> None:
+        try:
+            report = submit(work).result() if submit is not None else work()  # type: ignore[union-attr]
+            readiness.finish("; ".join(report.errors))
+            log.info("warm-up finished in %.1f s (%s); ready", report.seconds, ", ".join(report.sets) or "nothing")
+        except BaseException as e:  # never leave /health at "starting"
+            readiness.finish(f"{type(e).__name__}: {e}")
+            raise
+
+    thread = threading.Thread(target=run, name="warm-up", daemon=True)
+    thread.start()
+    return thread
