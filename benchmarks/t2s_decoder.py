@@ -118,7 +118,7 @@ def main() -> int:
             print(json.dumps({"check": f"{dname} greedy agreement with fp32", "first_divergence": diverge,
                               "equal_fraction": round(float((got[:k] == ref_tokens[:k]).float().mean()), 4)}), flush=True)
         if not args.skip_eager:
-            f, med, _ = timed(lambda: T2SDecoder(model).decode_naive(items1[0], prompt, greedy, rules), dev, 1)
+            f, med, _ = timed(lambda model=model: T2SDecoder(model).decode_naive(items1[0], prompt, greedy, rules), dev, 1)
             record("eager (reference loop)", dname, 1, f, med, n)
         for attention in (("sdpa", "triton") if dev.type == "cuda" else ("sdpa",)):
             fast = FastT2S(model, sync_every=32, attention=attention)

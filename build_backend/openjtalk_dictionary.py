@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 
 from setuptools import build_meta as _setuptools
-from setuptools.build_meta import *  # the PEP 517 hooks this module does not wrap
+from setuptools.build_meta import *  # noqa: F403 - the PEP 517 hooks this module does not wrap
 
 DICTIONARY_DIST = "pyopenjtalk-plus"
 DICTIONARY_FOLDER = ("pyopenjtalk", "dictionary")

@@ -117,6 +117,17 @@ class LRUCache(Generic[K, V]):
         """Drop least recently used values until at most ``fraction`` of the bytes remain; bytes freed."""
         return self.evict(int(self._bytes * fraction))
 
+    def evict_where(self, drop: Callable[[K, V], bool]) -> int:
+        """Drop every value for which ``drop(key, value)`` is true; bytes freed."""
+        with self._lock:
+            before = self._bytes
+            for key, (value, size) in list(self._items.items()):
+                if drop(key, value):
+                    del self._items[key]
+                    self._bytes -= size
+                    self.evictions += 1
+            return before - self._bytes
+
     def clear(self) -> int:
         """Drop everything; bytes freed."""
         with self._lock:

@@ -713,6 +713,7 @@ class Studio:
         self._lock = threading.Lock()
         self._warmed: set[str] = set()
         self._schedulers: dict[str, object] = {}  # Models.id -> engine.serving.Scheduler (insertion order)
+        self._draining: str | None = None  # drain()'s reason: schedulers made later refuse requests too
 
     @classmethod
     def from_config(cls, config, device: str | None = None, precision: str | None = None,
@@ -791,6 +792,8 @@ class Studio:
                 s = self.settings
                 sched = Scheduler(models, SchedulerConfig(slots=s.scheduler_slots, queue=s.scheduler_queue,
                                                           context=s.scheduler_context))
+                if self._draining is not None:
+                    sched.drain(self._draining)
                 old = self._schedulers.pop(models.id, None)
                 if old is not None:
                     old.close()
@@ -798,6 +801,25 @@ class Studio:
                 while len(self._schedulers) > MAX_SCHEDULERS:  # oldest model set first
                     self._schedulers.pop(next(iter(self._schedulers))).close()
             return sched
+
+    def drain(self, reason: str = "the server is shutting down; retry in a moment") -> int:
+        """Shutdown has begun: every scheduler refuses new requests and fails its queued ones (no audio made
+        yet) with BusyError(reason); requests already decoding finish. Returns the number failed."""
+        with self._lock:
+            self._draining = reason
+            schedulers = list(self._schedulers.values())
+        return sum(sched.drain(reason) for sched in schedulers)
+
+    def load(self) -> dict[str, int]:
+        """The schedulers' load summed: ``queued`` requests (not started), ``decoding`` rows, ``slots``."""
+        with self._lock:
+            schedulers = list(self._schedulers.values())
+        total = {"slots": 0, "decoding": 0, "queued": 0}
+        for sched in schedulers:
+            load = sched.load
+            for key in total:
+                total[key] += load[key]
+        return total
 
     def close(self) -> None:
         """Stop the schedulers (their running requests end with an error)."""

@@ -12,7 +12,7 @@ from engine.errors import CheckpointError, EngineError, OptionsError, ReferenceA
 from webui.i18n import text
 
 _REPR = re.compile(r"<[\w.]+ object at 0x[0-9a-fA-F]+>")
-_AUX = re.compile(r"aux_ref_audio_paths\[(\d+)\]")
+_AUX = re.compile(r"reference\.aux_audio\[(\d+)\]")
 _API = re.compile(r"\s*\(?ReferenceRules\([^)]*\)\)?")
 
 
@@ -23,7 +23,7 @@ def user_message(error: EngineError, locale: str, files: dict[str, str] | None =
 
     files = files or {}
     message = str(error)
-    path, role = _named_file(message, files)
+    path, role = _named_file(message, error.field, files)
     name = Path(path).name if path else ""
     if isinstance(error, ReferenceLengthError):
         key = "ref.too_long" if error.seconds > error.max_seconds else "ref.too_short"
@@ -66,14 +66,14 @@ def clean(message: str, files: dict[str, str]) -> str:
     return message.strip()
 
 
-def _named_file(message: str, files: dict[str, str]) -> tuple[str, str]:
+def _named_file(message: str, field: str | None, files: dict[str, str]) -> tuple[str, str]:
     """The request file that ``message`` is about, with its role: the longest path it contains; else,
-    for a clip read from memory, the extra clip it numbers or the reference clip."""
+    for a clip read from memory, the extra clip that the error's field numbers, or the reference clip."""
     for path in sorted(files, key=len, reverse=True):
         if path and path in message:
             return path, files[path]
     clips = {role: [p for p, r in files.items() if r == role and p] for role in ("ref", "aux")}
-    if (found := _AUX.match(message)) and int(found.group(1)) < len(clips["aux"]):
+    if (found := _AUX.fullmatch(field or "")) and int(found.group(1)) < len(clips["aux"]):
         return clips["aux"][int(found.group(1))], "aux"
     if "audio" in message and clips["ref"]:
         return clips["ref"][0], "ref"

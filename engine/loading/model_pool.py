@@ -329,15 +329,11 @@ class ModelPool:
         running requests stay alive until those end; the pool only drops its references."""
         used = set() if keep is None else {id(v) for v in (keep.t2s, keep.sovits, keep.ssl, keep.bert, keep.vocoder,
                                                           keep.sv) if v is not None}
-        with self._lock:
-            before = self._bytes
-            for key in list(self._items):
-                value = self._items[key][0]
-                parts = value if isinstance(value, tuple) else (value,)
-                if not any(id(p) in used for p in parts):
-                    self._bytes -= self._items.pop(key)[1]
-                    self.evictions += 1
-            released = before - self._bytes
+        def idle(_key: Hashable, value: Any) -> bool:
+            parts = value if isinstance(value, tuple) else (value,)
+            return not any(id(p) in used for p in parts)
+
+        released = self._cache.evict_where(idle)
         if released:
             log.info("model pool: evicted idle networks (%d bytes)", released)
         return released

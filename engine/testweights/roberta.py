@@ -64,7 +64,7 @@ def make_vocab(size: int | None = None) -> list[str]:
 
 def write_tokenizer_files(folder: str | Path, full_size: bool = False) -> Path:
     """Only the tokenizer part of the folder (vocab.txt, tokenizer.json, ...) and config.json: enough for G2PW."""
-    from transformers import BertTokenizerFast
+    from transformers import BertTokenizer
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -74,7 +74,11 @@ def write_tokenizer_files(folder: str | Path, full_size: bool = False) -> Path:
         config.update(TINY_DIMS)
     (folder / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
     (folder / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
-    BertTokenizerFast(vocab_file=str(folder / "vocab.txt"), do_lower_case=True).save_pretrained(str(folder))
+    # from the folder's vocab.txt (transformers 5's BertTokenizerFast(vocab_file=...) ignores the file)
+    tokenizer = BertTokenizer.from_pretrained(str(folder), do_lower_case=True)
+    if len(tokenizer) != len(vocab):
+        raise RuntimeError(f"the tokenizer read {len(tokenizer)} of the {len(vocab)} tokens of {folder / 'vocab.txt'}")
+    tokenizer.save_pretrained(str(folder))
     return folder
 
 

@@ -56,10 +56,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser(name).parse_args(argv[1:])
     from engine.errors import EngineError
 
+    module = importlib.import_module(SUBCOMMANDS[name][0])
     try:
-        return int(importlib.import_module(SUBCOMMANDS[name][0]).run(args) or 0)
+        return int(module.run(args) or 0)
     except EngineError as e:
-        print(f"error: {e}", file=sys.stderr)
+        flag = module.flag_for(e.field) if e.field and hasattr(module, "flag_for") else None
+        print(f"error: {flag}: {e}" if flag else f"error: {e}", file=sys.stderr)
         return 1
     except ModuleNotFoundError as e:
         extra = EXTRAS.get((e.name or "").split(".")[0])

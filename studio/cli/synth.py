@@ -19,6 +19,21 @@ def _option_fields():
     return [f for f in fields(SynthesisOptions) if f.name not in _HIDDEN]
 
 
+_FLAGS = {"text": "--text", "text_lang": "--text-lang", "reference.audio": "--ref", "reference.text": "--ref-text",
+          "reference.language": "--ref-lang"}
+
+
+def flag_for(field: str) -> str | None:
+    """The flag that sets the engine input ``field`` (an engine error's ``field``), or None."""
+    if field.startswith("reference.aux_audio["):
+        return f"--aux-ref #{int(field[len('reference.aux_audio['):-1]) + 1}"
+    if field in _FLAGS:
+        return _FLAGS[field]
+    if any(f.name == field for f in _option_fields()):
+        return "--" + field.replace("_", "-")
+    return None
+
+
 def _bool(text: str) -> bool:
     value = text.strip().lower()
     if value in ("1", "true", "yes", "on"):

@@ -126,8 +126,10 @@ def _add_service_routes(app: "FastAPI", ctx: ServerContext) -> None:
         draining = ctx.admission.draining
         readiness = getattr(ctx.studio, "readiness", None)  # engine.warmup.Readiness, when a warm-up was started
         status = "draining" if draining else (readiness.status if readiness is not None else "ready")
-        body = {"status": status, "running": ctx.runner.running,
-                "queued": ctx.runner.queue_length, "admitted": ctx.admission.active,
+        load = getattr(ctx.studio, "load", None)  # the engine's schedulers: requests waiting for a slot
+        engine_queued = load()["queued"] if load is not None else 0
+        body = {"status": status, "running": max(0, ctx.runner.running - engine_queued),
+                "queued": ctx.runner.queue_length + engine_queued, "admitted": ctx.admission.active,
                 "uptime_seconds": round(time.time() - ctx.started, 1)}
         return JSONResponse(body, status_code=503 if draining else 200)
 

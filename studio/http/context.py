@@ -79,8 +79,12 @@ class ServerContext:
         return self.settings.access
 
     def drain(self) -> None:
-        """Shutdown has begun: admit nothing new, answer queued requests 503 (running ones continue)."""
+        """Shutdown has begun: admit nothing new, answer queued requests 503 (running ones continue): the
+        server's own queue and the engine's (requests waiting for a decoding slot)."""
         self.admission.drain()
+        drain = getattr(self.studio, "drain", None)
+        if drain is not None:
+            drain("the server is shutting down; retry on another instance or later")
 
     def bounded(self, options: Any) -> Any:
         """``options`` with the server's token cap applied (SynthesisOptions.early_stop_num)."""

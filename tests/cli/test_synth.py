@@ -70,8 +70,8 @@ def test_synth_stream_writes_the_chunks(tmp_path, shared_studio):
 
 
 @pytest.mark.parametrize("change,message", [
-    (["--text-lang", "xx"], "text_lang"),
-    (["--top-k", "0"], "top_k"),
+    (["--text-lang", "xx"], "error: --text-lang: language 'xx'"),  # the flag to change, not the engine's name
+    (["--top-k", "0"], "error: --top-k: "),
     (["--gpt", "/nonexistent/model.ckpt"], "GPT weights"),
     (["--ref", "/nonexistent/ref.wav"], "not found"),
     (["--text", ""], "text is empty"),

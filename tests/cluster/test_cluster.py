@@ -159,7 +159,8 @@ def test_post_json_multipart_and_errors_equal_serve(cluster, serve, files):
     for bad in ({"text": ""}, {"gpt_weights_path": "/etc/passwd"}, {"text_lang": "xx"}):
         got = httpx.post(f"{cluster}/tts", json={**body, **bad}, timeout=TIMEOUT)
         want = httpx.post(f"{serve}/tts", json={**body, **bad}, timeout=TIMEOUT)
-        assert got.status_code == want.status_code == 400 and got.json() == want.json()
+        assert got.status_code == want.status_code == 400
+        assert {**got.json(), "request_id": ""} == {**want.json(), "request_id": ""}  # each request has its own id
 
 
 def test_saved_voices_are_shared_and_speech_equals_serve(cluster, serve, files):
@@ -201,7 +202,7 @@ def test_set_weights_changes_the_default_of_every_replica(cluster, files):
         assert r.status_code == 200 and r.content == explicit_b.content
         assert r.headers["x-sovits-replica"] == explicit_b.headers["x-sovits-replica"]
         bad = httpx.get(f"{cluster}/set_sovits_weights", params={"weights_path": "/etc/passwd"}, timeout=TIMEOUT)
-        assert bad.status_code == 400 and "outside" in bad.text
+        assert bad.status_code == 400 and "is not a weight file in the server's weight folders" in bad.text
         assert health(cluster)["default_weights"]["sovits"] == before["sovits"]
     finally:
         r = httpx.get(f"{cluster}/set_gpt_weights", params={"weights_path": before["gpt"]}, timeout=TIMEOUT)

@@ -30,3 +30,11 @@ def test_no_entry_limit_by_default_and_counters():
     assert cache.get_or_build("x", lambda: built.append(1) or 5) == (5, True)
     assert (cache.hits, cache.misses, cache.builds, len(built)) == (1, 1, 1, 1)
     assert cache.clear() == 55 and len(cache) == 0
+
+
+def test_evict_where_drops_exactly_the_chosen_values():
+    cache = sized()
+    for key, size in (("a", 10), ("b", 20), ("c", 30)):
+        cache.put(key, size)
+    assert cache.evict_where(lambda key, value: key != "b") == 40
+    assert cache.keys() == ["b"] and cache.nbytes == 20 and cache.evictions == 2

@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
+from engine.errors import BusyError
 from engine.options import EngineSettings, SynthesisOptions
 from engine.pipeline import Result
 from engine.reference import ReferenceRules
@@ -42,7 +43,7 @@ class ScriptedStudio:
     audio each, ``delay`` seconds apart, failing at piece ``fail_at`` if set."""
 
     def __init__(self, root: Path, pieces: int = 3, delay: float = 0.0, seconds: float = 0.1,
-                 fail_at: int | None = None) -> None:
+                 fail_at: int | None = None, slots: int | None = None) -> None:
         self.pieces, self.delay, self.seconds, self.fail_at = pieces, delay, seconds, fail_at
         self.settings = EngineSettings()
         self.reference_rules = ReferenceRules()
@@ -52,11 +53,31 @@ class ScriptedStudio:
         self.pool = SimpleNamespace(stats=lambda: zero)
         self.steps = 0
         self.started, self.closed = threading.Event(), threading.Event()
+        # slots: like the engine's scheduler, at most this many requests run; the others queue (load, drain)
+        self._slots = None if slots is None else threading.Semaphore(slots)
+        self._queued, self._draining = 0, None
 
     def synthesize(self, text, text_lang, reference, options, gpt=None, sovits=None):
         return self._results()
 
+    def load(self):
+        return {"slots": 0, "decoding": 0, "queued": self._queued}
+
+    def drain(self, reason):
+        self._draining = reason
+
+    def _take_slot(self) -> None:
+        self._queued += 1
+        try:
+            while not self._slots.acquire(timeout=0.01):
+                if self._draining:
+                    raise BusyError(self._draining)
+        finally:
+            self._queued -= 1
+
     def _results(self):
+        if self._slots is not None:
+            self._take_slot()
         try:
             for i in range(self.pieces):
                 self.started.set()
@@ -68,6 +89,8 @@ class ScriptedStudio:
                 yield Result(audio, RATE, "x", (), i, i, i == self.pieces - 1, 1)
         finally:
             self.closed.set()
+            if self._slots is not None:
+                self._slots.release()
 
 
 @pytest.fixture
@@ -339,7 +362,7 @@ def test_upload_limit_holds_exactly_and_slow_bodies_and_headers_time_out(tmp_pat
 
 
 def test_shutdown_answers_queued_jobs_503_lets_running_ones_finish_and_health_says_draining(tmp_path, refs) -> None:
-    studio = ScriptedStudio(tmp_path, pieces=20, delay=0.05)
+    studio = ScriptedStudio(tmp_path, pieces=20, delay=0.05, slots=1)  # the second request queues in the engine
     app = make_app(studio, refs, workers=1, max_queue=4, shutdown_grace_s=10)
     with serving(app) as (url, server):
         with httpx.Client(timeout=30) as c, ThreadRequest(c.post, f"{url}/tts", json=tts_body()) as running:
@@ -352,7 +375,7 @@ def test_shutdown_answers_queued_jobs_503_lets_running_ones_finish_and_health_sa
                 assert wait_for(lambda: queued.result is not None, 5)
             t0 = time.monotonic()
             server.request_exit()
-        assert health.json()["status"] == "ok"
+        assert health.json()["status"] == "ready" and health.json()["queued"] == 1
         assert draining.status_code == 503 and draining.json()["status"] == "draining"
         assert queued.result.status_code == 503 and "Retry-After" in queued.result.headers
         assert "shutting down" in queued.result.json()["message"]

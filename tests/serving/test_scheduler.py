@@ -89,7 +89,7 @@ def test_closing_the_results_frees_the_slot_within_one_step() -> None:
             if sched.load["decoding"] == 0 and sched.load["requests"] == 0:
                 break
             threading.Event().wait(0.01)
-        assert sched.load == {"slots": 2, "decoding": 0, "waiting": 0, "requests": 0}
+        assert sched.load == {"slots": 2, "decoding": 0, "waiting": 0, "queued": 0, "requests": 0}
         assert sched.steps - steps <= 1
     finally:
         studio.close()
@@ -108,6 +108,28 @@ def test_admission_waits_in_a_bounded_queue_then_refuses() -> None:
             assert busy.value.retry_after > 0
         assert join(first)[1].size and join(second)[1].size  # the admitted ones complete
         assert join(studio.synthesize(TEXTS[1], "en", _reference(), opts))[1].size  # and there is room again
+    finally:
+        studio.close()
+
+
+def test_drain_fails_the_queued_requests_and_lets_the_decoding_ones_finish() -> None:
+    studio = _studio(scheduler_slots=1)
+    try:
+        sched = studio.scheduler(studio.cloner().models)
+        opts = SynthesisOptions(streaming_mode=True, seed=1, early_stop_num=40, min_chunk_length=4)
+        running = studio.synthesize(TEXTS[1], "en", _reference(), opts)
+        got = [next(running)]  # it holds the one slot
+        with sched._cv:  # hold the decode loop still: the second request cannot take the slot meanwhile
+            queued = studio.synthesize(TEXTS[2], "en", _reference(), opts)
+            assert sched.load["queued"] == 1 and studio.load()["queued"] == 1
+            assert studio.drain("shutting down here") == 1
+            with pytest.raises(BusyError, match="shutting down here"):
+                studio.synthesize(TEXTS[0], "en", _reference(), opts)
+        got += list(running)
+        assert got[-1].is_last and join(got)[1].size
+        with pytest.raises(BusyError, match="shutting down here"):
+            next(queued)
+        assert studio.load()["queued"] == 0
     finally:
         studio.close()
 

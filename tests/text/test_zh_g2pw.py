@@ -157,3 +157,10 @@ def test_cli_g2pw_option_reports_missing_model(tmp_path):
     g2p.add_arguments(parser)
     with pytest.raises(CheckpointError, match="G2PW"):
         g2p.run(parser.parse_args(["--lang", "all_zh", "--g2pw", str(tmp_path), "你好"]))
+
+
+def test_the_test_tokenizer_reads_every_character_as_itself(tmp_path) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(write_tokenizer_files(tmp_path)))
+    assert tokenizer.tokenize("我们去银行,") == ["我", "们", "去", "银", "行", ","]

@@ -122,6 +122,9 @@ def test_engine_errors_read_as_the_pages_user_needs_them() -> None:
     unreadable = ReferenceAudioError("cannot read audio /tmp/gradio/cd34/notes.txt: Error opening "
                                      "<_io.BytesIO object at 0x7f00aa>: Format not recognised.")
     assert user_message(unreadable, "en", files).startswith("“notes.txt” is not an audio file")
+    from_memory = ReferenceAudioError("cannot read audio <_io.BytesIO object at 0x7f00aa>: Format not recognised.",
+                                      field="reference.aux_audio[0]")  # the engine read the bytes: the field says
+    assert user_message(from_memory, "en", files).startswith("“notes.txt” is not an audio file")
     japanese = user_message(unreadable, "ja", files)
     assert "notes.txt" in japanese and "ファイル" in japanese
     not_gpt = CheckpointError("/w/s2G.pth is not a GPT-SoVITS GPT (.ckpt) file")
