@@ -137,6 +137,32 @@ def option_names() -> tuple[str, ...]:
 # ---- mode resolution (the flag rewrites at the start of the official TTS.run) ---------------
 
 
+# What each option does, in a user's words (the CLI's --help; front doors may show it too)
+OPTION_HELP: dict[str, str] = {
+    "text_split_method": "how the text is cut into sentences: cut0 none, cut1 every 4 sentences, cut2 every "
+                         "50 characters, cut3 at Chinese full stops, cut4 at English full stops, cut5 at every mark",
+    "batch_size": "sentences decoded together by the GPT model",
+    "batch_threshold": "bucketing: smallest ratio of a batch's middle length to its mean length",
+    "split_bucket": "group sentences of similar length into batches (the order of the audio is kept)",
+    "parallel_infer": "decode sentences in batches (false: one by one, as the official naive loop)",
+    "top_k": "sample among the k most likely tokens (1: always the most likely)",
+    "top_p": "nucleus sampling: keep the most likely tokens up to this total probability (1: off)",
+    "temperature": "sampling temperature: lower is steadier, higher more varied",
+    "repetition_penalty": "discourage tokens already said (1: off)",
+    "seed": "random seed; -1 picks one (printed, so a run can be repeated)",
+    "early_stop_num": "stop a sentence after this many tokens (50 tokens = 2 s); default: the model's maximum",
+    "speed_factor": "speaking speed: above 1 faster, below 1 slower",
+    "sample_steps": "v3/v4 only: diffusion steps (fewer is faster, more is cleaner)",
+    "super_sampling": "v3 only: raise the 24 kHz output to 48 kHz with the official AP-BWE model",
+    "fragment_interval": "seconds of silence between sentences",
+    "return_fragment": "deliver the audio sentence by sentence (the official older streaming)",
+    "streaming_mode": "deliver the audio in small chunks as it is made (v1/v2/v2Pro/v2ProPlus)",
+    "overlap_length": "streaming: tokens shared by consecutive chunks, cross-faded",
+    "min_chunk_length": "streaming: the fewest tokens in a chunk",
+    "fixed_length_chunk": "streaming: chunks of a fixed size instead of cutting at pauses",
+}
+
+
 @dataclass(frozen=True)
 class SynthesisPlan:
     """What a request will actually do once the official mode rules are applied."""

@@ -214,7 +214,7 @@ def runtime_for_config(device: str, is_half: bool, override_device: str | None =
             raise
         notice = (f"the config asks for device {device!r}, which this machine lacks ({e}); "
                   "running on the best device available instead (choose one with --device)")
-        log.warning(notice)
+        log.info(notice)  # the caller shows the returned notice (the CLI prints it, the page shows it)
         dev = resolve_device("auto", probe)
     chosen = override_precision or precision or section_precision(is_half, dev)
     return resolve_runtime(str(dev), chosen, stage_precisions, probe=probe), notice

@@ -153,12 +153,13 @@ def missing_report(missing: dict[str, Path], version: str, locale: str = "en") -
 def download_weights(root: str | os.PathLike, version: str, fetch: Callable[..., Any] | None = None,
                      locale: str = "en") -> str:
     """Fetch the official files of ``version`` under ``root``; the outcome as text (offline: what to get)."""
-    from engine.loading.download import assets_for, download
+    from engine.loading.download import assets_for, check_command, download
     from webui.i18n import text
 
     lines: list[str] = []
-    try:
-        (fetch or download)(root, assets_for([version]), log=lines.append)
+    try:  # the same --check command the CLI prints for this root and version
+        (fetch or download)(root, assets_for([version]), log=lines.append,
+                            check_command=check_command([version], root))
     except EngineError as e:
         return f"{text('download.failed', locale)}\n\n```\n{e}\n```"
     return f"{text('download.done', locale)}\n\n```\n" + "\n".join(lines[-20:]) + "\n```"

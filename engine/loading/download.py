@@ -19,10 +19,12 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import socket
 import zipfile
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from urllib.parse import urlsplit
 
 from engine.errors import CheckpointError, EngineError
 from engine.loading.file_head import md5_head
@@ -178,6 +180,31 @@ def _hub():
     return huggingface_hub
 
 
+def check_command(versions: Iterable[str], root: str | os.PathLike, g2pw: bool = False) -> str:
+    """The ``download --check`` command for these versions and root (what the CLI and the page both print)."""
+    return " ".join(["sovits-studio download", *(f"--version {v}" for v in dict.fromkeys(versions)),
+                     *(["--g2pw"] if g2pw else []), f"--root {root}", "--check"])
+
+
+def _hub_unreachable(timeout: float = 3.0) -> str:
+    """Why the hub cannot be reached now, or "" when it accepts a connection. Checked once before fetching,
+    so an offline machine hears it at once rather than after the hub client's retries. Behind a proxy the
+    client knows best: no check."""
+    import huggingface_hub.constants as hc
+
+    if hc.HF_HUB_OFFLINE:
+        return "offline mode is on (HF_HUB_OFFLINE)"
+    if any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return ""
+    url = urlsplit(hc.ENDPOINT)
+    host, port = url.hostname or "", url.port or (443 if url.scheme == "https" else 80)
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return ""
+    except OSError as e:
+        return f"{host}:{port}: {e.strerror or type(e).__name__}"
+
+
 _OFFLINE_ERRORS = {"OfflineModeIsEnabled", "LocalEntryNotFoundError", "ConnectionError", "ConnectError", "Timeout",
                    "TimeoutException", "ReadTimeout", "ConnectTimeout", "NetworkError", "ProxyError", "SSLError"}
 
@@ -259,7 +286,12 @@ def download(
     if not todo:
         log(f"all {len(assets)} file(s) are present under {root.resolve()}")
         return report
-    hub = None
+    hub = _hub()
+    unreachable = _hub_unreachable()
+    if unreachable:
+        report.missing = todo
+        raise DownloadError(missing_message(root, todo, f"the hub cannot be reached: {unreachable}", check_command),
+                            report)
     offline = ""
     corrupt: list[str] = []
     for i, a in enumerate(todo, 1):
@@ -268,7 +300,6 @@ def download(
             continue
         log(f"[{i}/{len(todo)}] {a.repo_id}/{a.filename} -> {root / a.installed}")
         try:
-            hub = hub or _hub()
             _fetch_one(hub, root, a, revision, verify_checksums)
             report.fetched.append(a)
         except CheckpointError as e:

@@ -21,24 +21,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.loading.download import assets_for, check, download, missing_message
+    from engine.loading.download import assets_for, check, check_command, download, missing_message
 
     versions = args.versions or ["v2"]
     if "all" in versions:
         versions = list(VERSIONS)
     assets = assets_for(dict.fromkeys(versions), g2pw=args.g2pw)
-    check_command = " ".join(["sovits-studio download", *(f"--version {v}" for v in dict.fromkeys(versions)),
-                              *(["--g2pw"] if args.g2pw else []), f"--root {args.root}", "--check"])
+    command = check_command(versions, args.root, args.g2pw)
     if args.check:
         missing, wrong = check(args.root, assets)
         for _, problem in wrong:
             print(f"wrong: {problem}", file=sys.stderr)
         if missing:
-            print(missing_message(args.root, missing, check_command=check_command), file=sys.stderr)
+            print(missing_message(args.root, missing, check_command=command), file=sys.stderr)
         if not missing and not wrong:
             print(f"all {len(assets)} file(s) for {', '.join(versions)} are present and look official")
         return 1 if missing or wrong else 0
     report = download(args.root, assets, revision=args.revision, verify_checksums=not args.no_verify,
-                      check_command=check_command)
+                      check_command=command)
     print(f"done: {len(report.fetched)} fetched, {len(report.present)} already present")
     return 0

@@ -64,7 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stream", action="store_true",
                         help="token-chunk streaming (streaming_mode): write chunks to the file as they come")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    from engine.options import SynthesisOptions
+    from engine.options import OPTION_HELP, SynthesisOptions
 
     defaults = SynthesisOptions()
     group = parser.add_argument_group("synthesis options (official TTS.run names and defaults)")
@@ -82,7 +82,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         else:
             kind = str
         group.add_argument(flag, dest=f.name, type=kind, default=None, metavar=f.name.upper(),
-                           help=f"default: {default}")
+                           help=f"{OPTION_HELP[f.name]} (default: {default})")
 
 
 def _options(args: argparse.Namespace):

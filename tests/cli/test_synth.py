@@ -29,13 +29,18 @@ def base_args(tmp_path, out_name="out.wav"):
 
 
 def test_every_option_is_a_flag_with_the_same_default():
+    from engine.options import OPTION_HELP
+
+    assert set(OPTION_HELP) == set(option_names())  # every option has its description, and no stale one
     parser = build_parser("synth")
     text = parser.format_help()
+    flags = {a.dest: a for a in parser._actions}
     for name in option_names():
         if name == "streaming_mode":
             assert "--stream" in text
         else:
             assert "--" + name.replace("_", "-") in text, name
+            assert flags[name].help.startswith(OPTION_HELP[name]), name
     args = parser.parse_args(["--text", "x", "--text-lang", "en", "--ref", "r.wav", "--out", "o.wav"])
     from studio.cli.synth import _options
 
@@ -89,3 +94,14 @@ def test_synth_text_from_file(tmp_path, shared_studio):
     args[args.index("--text") + 1] = "@" + str(text_file)
     assert main(args) == 0
     assert sf.info(str(tmp_path / "out.wav")).samplerate == 32000
+
+
+def test_missing_weights_point_to_download_and_test_weights(tmp_path, capsys):
+    config = tmp_path / "tts_infer.yaml"
+    config.write_text(sup.model_config("v2").read_text(encoding="utf-8").replace(
+        str(sup.model_config("v2").parent), str(tmp_path / "nowhere")), encoding="utf-8")
+    args = base_args(tmp_path)
+    args[args.index("--config") + 1] = str(config)
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert "does not exist" in err and "sovits-studio download" in err and "make-test-weights" in err

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import io
+import socket
 import zipfile
 from pathlib import Path, PurePosixPath
 
@@ -34,6 +35,7 @@ class FakeHub:
         self.content, self.fail_on, self.error, self.sha = content, fail_on or set(), error, sha or {}
         monkeypatch.setattr(huggingface_hub, "hf_hub_download", self.hf_hub_download)
         monkeypatch.setattr(huggingface_hub, "get_hf_file_metadata", self.get_hf_file_metadata)
+        monkeypatch.setattr(dl, "_hub_unreachable", lambda: "")  # the fake hub is always there
 
     def hf_hub_download(self, repo_id, filename, revision=None, local_dir=None, **_):
         self.calls.append(f"{repo_id}/{filename}")
@@ -196,3 +198,20 @@ def test_cli_offline_with_the_real_hub_client(tmp_path, monkeypatch, capsys) -> 
     assert "cannot be reached" in err
     assert str((tmp_path / "GPT_SoVITS/pretrained_models/s2G488k.pth").resolve()) in err
     assert f"sovits-studio download --version v1 --root {tmp_path} --check" in err
+
+
+def test_an_unreachable_hub_is_said_at_once_without_trying_each_file(tmp_path, monkeypatch) -> None:
+    import huggingface_hub
+
+    with socket.socket() as s:  # a port nobody listens on: the connection is refused at once
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", f"http://127.0.0.1:{port}")
+    for key in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(key, raising=False)
+    calls = []
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", lambda **kw: calls.append(kw))
+    with pytest.raises(dl.DownloadError, match=f"the hub cannot be reached: 127.0.0.1:{port}") as err:
+        dl.download(tmp_path, dl.assets_for(["v2"]), log=lambda line: None)
+    assert calls == [] and len(err.value.report.missing) == len(dl.assets_for(["v2"]))
+    assert dl.check_command(["v2", "v2"], tmp_path) == f"sovits-studio download --version v2 --root {tmp_path} --check"

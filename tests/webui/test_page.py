@@ -330,6 +330,7 @@ def test_missing_weights_are_listed_and_the_download_explains_itself_offline(tmp
     monkeypatch.setattr(download, "_hub", lambda: OfflineHub())
     message = handlers.download_weights(tmp_path, "v2")
     assert message.startswith("The download did not complete") and "cannot be reached" in message
+    assert f"sovits-studio download --version v2 --root {tmp_path} --check" in message  # as the CLI says it
     assert "s2G2333k.pth" in message and not (tmp_path / "GPT_SoVITS" / "pretrained_models" / "s2G2333k.pth").exists()
 
 
