@@ -713,7 +713,6 @@ class Studio:
         self._lock = threading.Lock()
         self._warmed: set[str] = set()
         self._schedulers: dict[str, object] = {}  # Models.id -> engine.serving.Scheduler (insertion order)
-        self._draining: str | None = None  # drain()'s reason: schedulers made later refuse requests too
 
     @classmethod
     def from_config(cls, config, device: str | None = None, precision: str | None = None,
@@ -792,8 +791,6 @@ class Studio:
                 s = self.settings
                 sched = Scheduler(models, SchedulerConfig(slots=s.scheduler_slots, queue=s.scheduler_queue,
                                                           context=s.scheduler_context))
-                if self._draining is not None:
-                    sched.drain(self._draining)
                 old = self._schedulers.pop(models.id, None)
                 if old is not None:
                     old.close()
@@ -803,10 +800,10 @@ class Studio:
             return sched
 
     def drain(self, reason: str = "the server is shutting down; retry in a moment") -> int:
-        """Shutdown has begun: every scheduler refuses new requests and fails its queued ones (no audio made
-        yet) with BusyError(reason); requests already decoding finish. Returns the number failed."""
+        """Shutdown has begun: every scheduler fails its queued requests (no audio made yet) with
+        BusyError(reason); requests already decoding finish. The server stops admitting on its side (this
+        Studio may serve other front doors, e.g. the page beside the API). Returns the number failed."""
         with self._lock:
-            self._draining = reason
             schedulers = list(self._schedulers.values())
         return sum(sched.drain(reason) for sched in schedulers)
 

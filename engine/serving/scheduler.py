@@ -109,7 +109,6 @@ class Scheduler:
         self._text = ThreadPoolExecutor(max_workers=1, thread_name_prefix="text")
         self._acoustic: queue.SimpleQueue = queue.SimpleQueue()
         self._closed = False
-        self._draining: str | None = None  # set by drain(): why new requests are refused
         self._durations: deque[float] = deque(maxlen=64)
         self._threads: list[threading.Thread] = []
         # float32 on the CPU voices chunk by chunk, so a request's audio is exactly what it is alone
@@ -129,8 +128,6 @@ class Scheduler:
         with self._cv:
             if self._closed:
                 raise EngineError("the scheduler is shut down")
-            if self._draining is not None:
-                raise BusyError(self._draining)
             if len(self._active) >= self.slots + self.config.queue:
                 wait = max(1.0, float(np.mean(self._durations))) if self._durations else 1.0
                 raise BusyError(f"the server is busy: all {self.slots} decoding slots are taken and "
@@ -158,10 +155,10 @@ class Scheduler:
                 "requests": len(self._active)}
 
     def drain(self, reason: str = "the server is shutting down; retry in a moment") -> int:
-        """Refuse new requests and fail the queued ones (none of their audio made yet) with BusyError(reason);
-        requests already decoding run to their end. Returns the number of queued requests failed."""
+        """Fail the queued requests (none of their audio made yet) with BusyError(reason); requests already
+        decoding run to their end. Admission stays the caller's business (a draining server admits nothing
+        new; a scheduler may be shared with other front doors). Returns the number of requests failed."""
         with self._cv:
-            self._draining = reason
             queued = [(r, s) for r, s in self._arrivals if s is r.first and r.first_due is None]
             for item in queued:
                 self._arrivals.remove(item)
