@@ -11,6 +11,7 @@ browser tab can pick its own weights. Nothing happens at import; ``sovits-studio
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import inspect
 import json
@@ -40,6 +41,7 @@ class UISettings:
     notice: str = ""  # shown under the title (e.g. a device fallback)
     default_text: str = "Hello! This voice was cloned from a few seconds of audio."
     random_weights: bool = False  # the model set is a random-weight test set: say so at the top
+    request_timeout_s: float | None = None  # one synthesis, start to last chunk; then it stops (server limit)
 
 
 @dataclass
@@ -273,9 +275,12 @@ def _generate_handler(names: list[str], studio, settings: UISettings, pool, wide
             chunks = await pool.stream(lambda: handlers.synthesize(
                 studio, v["text"], v["text_lang"], reference, options, v["gpt_weights"], v["sovits_weights"],
                 settings.max_tokens_per_sentence, on_progress, locale, sampler))
-            async for chunk in chunks:  # computed on a worker of the pool the HTTP API shares
+            async for chunk in _until(chunks, settings.request_timeout_s):  # computed on the API's pool
                 audio = (chunk.sample_rate, chunk.pcm16)
                 yield (None, audio, chunk.status) if chunk.final else (audio, gr.skip(), gr.skip())
+        except TimeoutError as e:
+            raise gr.Error(i18n.text("error.timeout", locale, seconds=f"{settings.request_timeout_s:g}"),
+                           print_exception=False) from e
         except EngineError as e:
             raise gr.Error(user_message(e, locale, files), print_exception=False) from e
 
@@ -284,6 +289,32 @@ def _generate_handler(names: list[str], studio, settings: UISettings, pool, wide
 
 
 # ---- helpers ------------------------------------------------------------------------------------------
+
+
+async def _until(stream, seconds: float | None):
+    """The items of ``stream`` (a ``ResultStream``) until ``seconds`` have passed; then the stream is
+    cancelled (its work stops at the next item) and TimeoutError is raised."""
+    if seconds is None:
+        async for item in stream:
+            yield item
+        return
+    items = stream.__aiter__()
+    deadline = asyncio.get_running_loop().time() + seconds
+    try:
+        while True:
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                raise TimeoutError
+            try:
+                item = await asyncio.wait_for(items.__anext__(), remaining)
+            except StopAsyncIteration:
+                return
+            except asyncio.TimeoutError:  # not yet the builtin TimeoutError before Python 3.11
+                raise TimeoutError from None
+            yield item
+    finally:
+        stream.cancel()
+        await items.aclose()
 
 
 def _super_sampler(v: dict, studio, catalog: ModelCatalog, store):

@@ -43,7 +43,8 @@ def create_webui_app(studio, config=None, ui_settings=None, server_settings=None
     limits = server_settings.limits
     upload = limits.max_upload_bytes  # one limit for the whole body, API and page alike
     app = create_app(studio, server_settings)
-    demo = build_ui(studio, config=config, catalog=catalog, settings=ui_settings or UISettings(),
+    ui_settings = replace(ui_settings or UISettings(), request_timeout_s=limits.request_timeout_s)
+    demo = build_ui(studio, config=config, catalog=catalog, settings=ui_settings,
                     pool=app.state.context.runner,  # page and API share the synthesis workers
                     super_sampler=app.state.context.super_sampler)
     workers = concurrency or limits.workers

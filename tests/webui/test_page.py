@@ -458,3 +458,35 @@ def test_make_test_weights_prints_the_webui_command_and_caps_its_sentences(tmp_p
     page = build_ui(studio, config=config, settings=settings).get_config_file()
     notice = next(c["props"]["value"] for c in page["components"] if c["props"].get("elem_id") == "notice")
     assert "random-weight test model" in notice and "50 tokens (2 s)" in notice
+
+
+def test_a_page_synthesis_stops_at_the_time_limit_and_its_work_with_it() -> None:
+    import asyncio
+    import threading
+    import time
+
+    from studio.http.runner import SynthesisRunner
+    from webui.app import _until
+
+    made, stopped = [], threading.Event()
+
+    def slow(n=100):
+        try:
+            for i in range(n):
+                time.sleep(0.05)
+                made.append(i)
+                yield i
+        finally:
+            stopped.set()
+
+    async def read(seconds, n=100):
+        got = []
+        stream = await SynthesisRunner(1, 0).stream(lambda: slow(n))
+        async for item in _until(stream, seconds):
+            got.append(item)
+        return got
+
+    with pytest.raises(TimeoutError):
+        asyncio.run(read(0.3))
+    assert stopped.wait(2) and len(made) < 20  # the producer stopped soon after the limit
+    assert asyncio.run(read(None, 3)) == [0, 1, 2] and asyncio.run(read(5.0, 3)) == [0, 1, 2]
