@@ -116,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
 
     import soundfile as sf
 
+    from engine.audio_formats import to_pcm16
     from engine.errors import TextError
     from engine.pipeline import Reference
 
@@ -133,20 +134,23 @@ def run(args: argparse.Namespace) -> int:
     reference = Reference(args.ref, args.ref_text, args.ref_lang, tuple(args.aux_ref))
     cloner = studio.cloner(gpt=args.gpt, sovits=args.sovits)
     progress = _Progress(not args.no_progress)
-    results = cloner(text, args.text_lang, reference, options, on_progress=progress)
+    sampler = _super_sampler(studio, cloner, options)
+    results = ((r.sample_rate, r.audio, r.seed) for r in cloner(text, args.text_lang, reference, options,
+                                                                  on_progress=progress))
+    if sampler is not None:
+        results = _super_sampled(results, sampler, whole=not args.stream)
     seconds, rate, chunks = 0.0, None, 0
     writer = None
     try:
-        for r in results:
+        for sample_rate, audio, seed in results:
             if writer is None:
-                rate = r.sample_rate
+                rate = sample_rate
                 writer = sf.SoundFile(args.out, "w", samplerate=rate, channels=1, subtype="PCM_16", format="WAV")
-            writer.write(r.pcm16())
+            writer.write(to_pcm16(audio))
             if args.stream:
                 writer.flush()  # each chunk is on disk as soon as it is synthesised
-            seconds += r.audio.shape[0] / r.sample_rate
+            seconds += audio.shape[0] / sample_rate
             chunks += 1
-            seed = r.seed
     except BaseException:
         if writer is not None:  # a failed run leaves no half-written file behind
             writer.close()
@@ -158,3 +162,39 @@ def run(args: argparse.Namespace) -> int:
             writer.close()
     print(f"wrote {args.out}: {seconds:.2f} s at {rate} Hz ({chunks} chunk{'s' * (chunks != 1)}, seed {seed})")
     return 0
+
+
+def _super_sampler(studio, cloner, options):
+    """The v3 AP-BWE model when ``--super-sampling true`` can apply, else None (the reason printed, as the
+    official code leaves the audio as it is)."""
+    if not options.super_sampling:
+        return None
+    from pathlib import Path
+
+    from engine.acoustic.super_sampling import OFFICIAL_PATH, SuperSamplerStore
+
+    version = cloner.models.version
+    if version != "v3":
+        print(f"warning: --super-sampling applies to v3 models only, not {version}: ignored", file=sys.stderr)
+        return None
+    store = SuperSamplerStore(Path(studio.default_weights.base_dir) / OFFICIAL_PATH, studio.runtime.device)
+    sampler = store.get()
+    if sampler is None:
+        print(f"warning: --super-sampling needs the AP-BWE model at {store.path}: the audio keeps its 24 kHz",
+              file=sys.stderr)
+    return sampler
+
+
+def _super_sampled(results, sampler, whole: bool):
+    """``(rate, audio, seed)`` results raised to 48 kHz: the whole audio at once (official whole-file
+    output), or each piece as it comes (official fragment output)."""
+    import numpy as np
+
+    if not whole:
+        for rate, audio, seed in results:
+            yield (*sampler(audio, rate)[::-1], seed)
+        return
+    pieces = list(results)
+    if pieces:
+        audio, rate = sampler(np.concatenate([a for _, a, _ in pieces]).astype(np.float32, copy=False), pieces[0][0])
+        yield rate, audio, pieces[-1][2]

@@ -105,3 +105,25 @@ def test_missing_weights_point_to_download_and_test_weights(tmp_path, capsys):
     assert main(args) == 1
     err = capsys.readouterr().err
     assert "does not exist" in err and "sovits-studio download" in err and "make-test-weights" in err
+
+
+def test_super_sampling_widens_v3_to_48k_and_says_when_it_cannot(tmp_path, capsys, monkeypatch):
+    from engine.acoustic import super_sampling
+    from engine.pipeline import Studio
+    from engine.testweights.ap_bwe import write_ap_bwe
+
+    monkeypatch.setattr(Studio, "from_config", classmethod(lambda cls, config, **kwargs: sup.studio("v3")))
+    args = base_args(tmp_path) + ["--super-sampling", "true", "--sample-steps", "4"]
+    args[args.index("--config") + 1] = str(sup.model_config("v3"))
+    monkeypatch.setattr(super_sampling, "OFFICIAL_PATH", tmp_path / "absent" / "g_24kto48k.zip")
+    assert main(args) == 0
+    assert "needs the AP-BWE model" in capsys.readouterr().err and sf.info(tmp_path / "out.wav").samplerate == 24000
+    short = sf.info(tmp_path / "out.wav").duration
+    monkeypatch.setattr(super_sampling, "OFFICIAL_PATH", write_ap_bwe(tmp_path / "ap_bwe"))
+    for stream in ([], ["--stream"]):
+        assert main(args + stream) == 0
+        info = sf.info(tmp_path / "out.wav")
+        assert info.samplerate == 48000 and abs(info.duration - short) < 0.01, stream  # same speech, twice the rate
+    monkeypatch.setattr(Studio, "from_config", classmethod(lambda cls, config, **kwargs: sup.studio("v2")))
+    assert main(base_args(tmp_path) + ["--super-sampling", "true"]) == 0
+    assert "v3 models only, not v2" in capsys.readouterr().err and sf.info(tmp_path / "out.wav").samplerate == 32000
