@@ -678,7 +678,7 @@ class VoiceCloner:
         m = self.models
         return SentenceStream(m.sovits, torch.tensor(phones, dtype=torch.long, device=m.device), ref.specs,
                               list(ref.sv) if ref.sv is not None else None, opts.speed_factor,
-                              opts.overlap_length, gen)
+                              opts.overlap_length, gen, fallback=self.fallback)
 
 
 # ---- the engine -----------------------------------------------------------------------------

@@ -295,8 +295,9 @@ class SentenceStream:
 
     def __init__(self, sovits, phones: torch.Tensor, refer: Sequence[torch.Tensor],
                  sv_emb: Sequence[torch.Tensor] | None, speed: float, overlap_length: int,
-                 generator: torch.Generator | None) -> None:
+                 generator: torch.Generator | None, fallback=None) -> None:
         self.sovits, self.refer, self.sv_emb, self.speed = sovits, list(refer), sv_emb, speed
+        self.fallback = fallback  # engine.runtime.DeviceFallback: the "sovits" stage on the CPU when MPS lacks an op
         self.phones = phones.view(1, -1)  # (1, P)
         self.overlap_length, self.generator = overlap_length, generator
         self.frames_per_token = 2 if sovits.dims.semantic_frame_rate == "25hz" else 1
@@ -338,12 +339,18 @@ class SentenceStream:
         self.last_latent, self.last_audio = latent, audio
         return out
 
+    def _run(self, fn, *args, **kwargs):
+        """``fn(sovits, *args, **kwargs)``, through the device fallback when there is one."""
+        if self.fallback is None:
+            return fn(self.sovits, *args, **kwargs)
+        return self.fallback.run("sovits", self.sovits, fn, *args, **kwargs)
+
     @torch.no_grad()
     def voice(self, tokens: Sequence[int], final: bool) -> torch.Tensor:
         """The audio (samples,) of one chunk, ready to play."""
         plan = self._plan(tokens, final)
-        audio, latent = decode_streaming(
-            self.sovits, plan["codes"].view(1, 1, -1), self.phones, self.refer, self.sv_emb, speed=self.speed,
+        audio, latent = self._run(
+            decode_streaming, plan["codes"].view(1, 1, -1), self.phones, self.refer, self.sv_emb, speed=self.speed,
             result_length=plan["result_length"], overlap_frames=plan["overlap_frames"], generator=self.generator,
             ge=self.style, text_encoded=self.text_encoded)
         return self._finish(plan, audio[0, 0], latent)
@@ -352,14 +359,14 @@ class SentenceStream:
     def text_encoded(self) -> torch.Tensor:
         """The sentence's phones through the text encoder (1, hidden, P) (computed once)."""
         if self._text is None:
-            self._text = encode_text(self.sovits, self.phones, next(self.sovits.parameters()).dtype)
+            self._text = self._run(encode_text, self.phones, next(self.sovits.parameters()).dtype)
         return self._text
 
     @property
     def style(self) -> torch.Tensor:
         """The style vector ge (1, gin, 1) of this sentence's reference (computed once)."""
         if self._ge is None:
-            self._ge = self.sovits.style_vector(self.refer, self.sv_emb)
+            self._ge = self._run(lambda sovits, refer, sv: sovits.style_vector(refer, sv), self.refer, self.sv_emb)
         return self._ge
 
     def tail(self) -> torch.Tensor | None:

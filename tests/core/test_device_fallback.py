@@ -139,3 +139,51 @@ def test_cpu_copy_is_float32_and_leaves_the_original() -> None:
 ])
 def test_missing_operator_errors(err: BaseException, missing: bool) -> None:
     assert is_missing_operator(err) is missing
+
+
+@pytest.mark.parametrize("scheduler", [False, True])
+def test_streaming_chunks_rerun_on_the_cpu_when_the_device_lacks_an_operator(monkeypatch, scheduler) -> None:
+    """Token-chunk streaming (the official loop, and the scheduler's) voices each chunk through the
+    fallback: when SoVITS's decoder fails on the "device", the chunks come from its CPU copy, and the audio is
+    the same as without the failure (here both copies are float32 on the CPU). The failing network is the
+    reference encoder, which the first chunk meets before any noise is drawn, so the noise is the same too."""
+    import numpy as np
+
+    import tests.support.synth as sup
+    from engine.options import EngineSettings, SynthesisOptions
+    from engine.pipeline import Reference, Studio, join
+
+    shared = sup.studio("v2")
+
+    def studio(fallback):
+        s = Studio(shared.default_weights, shared.runtime, EngineSettings(scheduler=scheduler), pool=shared.pool)
+        s.fallback = fallback
+        return s
+
+    opts = SynthesisOptions(streaming_mode=True, seed=4, early_stop_num=40, min_chunk_length=8,
+                            text_split_method="cut5")
+    reference = Reference(sup.wav_bytes(sup.clip()), sup.REF_TEXT, "en")
+    plain = studio(None)
+    try:
+        want = list(plain.synthesize("Nice to meet you.", "en", reference, opts))
+    finally:
+        plain.close()
+    encoder = plain.cloner().models.sovits.ref_enc
+    broken = {id(encoder)}  # the shared network "lacks an operator"; its CPU copy (a new object) does not
+    forward = type(encoder).forward
+
+    def failing(self, *args, **kwargs):
+        if id(self) in broken:
+            raise NotImplementedError("The operator 'aten::fake' is not currently implemented for the MPS device")
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(encoder), "forward", failing)
+    fallback = DeviceFallback(devices=("cpu",))
+    served = studio(fallback)
+    try:
+        got = list(served.synthesize("Nice to meet you.", "en", reference, opts))
+    finally:
+        served.close()
+    assert len(want) >= 2 and [r.tokens for r in got] == [r.tokens for r in want]
+    assert np.array_equal(join(got)[1], join(want)[1])
+    assert "sovits" in fallback.cpu_stages and fallback.counts()["sovits"] >= len(want) - 1
