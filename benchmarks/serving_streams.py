@@ -42,7 +42,7 @@ class BenchCloner(VoiceCloner):
 
     def __init__(self, models: Models, scheduler: Scheduler, phones: int, tokens: int) -> None:
         self.models, self.scheduler, self.n_phones, self.cap = models, scheduler, phones, tokens
-        self.fallback = None  # every stage on the models' device
+        self.fallback = self._reopen = None  # every stage on the models' device; one scheduler for the run
 
     def _features(self, index: int, sentence: str, lang: str) -> _Sentence:
         g = torch.Generator().manual_seed(1000 + index)

@@ -7,7 +7,8 @@ the CPU share one pool, and the CPU alone):
 
 1. shrink the reference cache (``ORDER_REFERENCE_CACHE``),
 2. evict idle models from the pool (``ORDER_IDLE_MODELS``),
-3. lower the scheduler's slot count (``ORDER_SLOTS``; the scheduler registers this step itself),
+3. close the idle schedulers, releasing their KV-cache pools (``ORDER_SLOTS``; the Studio registers
+   this step; the next request makes a scheduler sized from the memory free then),
 4. refuse the request with :class:`~engine.errors.MemoryPressureError` (HTTP 503, retry later).
 
 Owners register their own steps with :meth:`MemoryGuard.add_step`. On a discrete GPU (CUDA) the
@@ -39,7 +40,7 @@ log = logging.getLogger(__name__)
 
 ORDER_REFERENCE_CACHE = 10
 ORDER_IDLE_MODELS = 20
-ORDER_SLOTS = 30  # the scheduler's slot count (engine.serving registers the step)
+ORDER_SLOTS = 30  # idle schedulers' KV-cache pools (engine.pipeline.Studio registers the step)
 ORDER_OTHER = 50  # steps registered without an order
 RESTORE_MARGIN = 0.10  # undo steps once the reading is this far below the watermark
 UNIFIED = ("mps", "cpu")  # device types whose memory is the system's memory

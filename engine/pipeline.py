@@ -27,6 +27,7 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -45,6 +46,7 @@ from engine.loading.model_pool import ModelPool, Models, WeightSet
 from engine.memory import (
     ORDER_IDLE_MODELS,
     ORDER_REFERENCE_CACHE,
+    ORDER_SLOTS,
     DegradeStep,
     MemoryGuard,
     MemoryReader,
@@ -294,10 +296,11 @@ class VoiceCloner:
     def __init__(self, models: Models, cache: ReferenceCache | None = None,
                  reference_rules: ReferenceRules = ReferenceRules(),
                  max_text_chars: int = EngineSettings.max_text_chars, scheduler=None,
-                 fallback: DeviceFallback | None = None) -> None:
+                 fallback: DeviceFallback | None = None, reopen: Callable[[], Any] | None = None) -> None:
         from engine.text.frontend import TextFrontend
 
         self.scheduler = scheduler  # engine.serving.Scheduler of these models; None: the official flow
+        self._reopen = reopen  # the models' current scheduler, when the one held here was closed meanwhile
         self.models = models
         self.cache = cache if cache is not None else ReferenceCache(max_entries=8)
         self.reference_rules = reference_rules
@@ -512,14 +515,31 @@ class VoiceCloner:
         gap = silence(opts.fragment_interval, m.output_sample_rate if plan.streaming else m.sovits_sample_rate)
         ctx = Context(cloner=self, ref=ref, options=opts, plan=plan, seed=seed, params=params, rules=rules,
                       stream=plan.streaming, gap=gap)
-        request = Request(texts, lambda i, t: self._features(i, t, lang), first, self.scheduler.text_executor, ctx)
-        self.scheduler.submit(request)
+        request = self._submit(lambda sched: Request(texts, lambda i, t: self._features(i, t, lang), first,
+                                                     sched.text_executor, ctx))
 
         def pieces() -> Iterator[tuple[Piece, bool]]:
             for piece in request.pieces():
                 yield piece, piece.ends_sentence and not request.has_more_after(piece.sentence.index)
 
         return self._results(pieces(), seed, len(texts), on_progress)
+
+    def _submit(self, make_request: Callable[[Any], Any]):
+        """Submit a request to the scheduler; when it was closed since this cloner was made (evicted, or idle
+        under memory pressure), to the one that serves these models now."""
+        from engine.serving.scheduler import SchedulerClosedError
+
+        sched = self.scheduler
+        try:
+            request = make_request(sched)
+            sched.submit(request)
+        except SchedulerClosedError:
+            if self._reopen is None:
+                raise
+            self.scheduler = sched = self._reopen()
+            request = make_request(sched)
+            sched.submit(request)
+        return request
 
     # ---- the official flow: one request on its caller's thread ------------------------------------
     def _run(self, texts: list[str], lang: str, ref: PreparedReference, opts: SynthesisOptions, plan: SynthesisPlan,
@@ -703,7 +723,8 @@ class Studio:
             settings.reference_cache_entries, settings.reference_cache_bytes)
         self.memory = MemoryGuard(settings, memory_reader, steps=(
             DegradeStep("reference cache", self.references.shrink, ORDER_REFERENCE_CACHE),
-            DegradeStep("idle models", self._evict_idle_models, ORDER_IDLE_MODELS)))
+            DegradeStep("idle models", self._evict_idle_models, ORDER_IDLE_MODELS),
+            DegradeStep("idle schedulers", self._close_idle_schedulers, ORDER_SLOTS)))
         self.fallback = DeviceFallback()  # MPS: a stage whose operator is missing reruns on the CPU
         self.config_notices: tuple[str, ...] = ()  # set by from_config: settings that cannot work as written
         self.readiness = Readiness(ready=True)  # a server's warm-up replaces it (engine.warmup); /health reads it
@@ -756,7 +777,7 @@ class Studio:
             self._default_models = weakref.ref(models)
         cloner = VoiceCloner(models, self.references, self.reference_rules, self.settings.max_text_chars,
                              scheduler=self.scheduler(models) if self.settings.scheduler else None,
-                             fallback=self.fallback)
+                             fallback=self.fallback, reopen=lambda: self.scheduler(models))
         if self.settings.warmup:
             with self._lock:
                 first = models.id not in self._warmed
@@ -764,6 +785,17 @@ class Studio:
             if first:
                 warm_up(models)
         return cloner
+
+    def _close_idle_schedulers(self) -> int:
+        """Degrade step: close the schedulers no request is using, releasing their KV-cache pools; bytes
+        released. The next request on a model set makes a new one, sized from the memory free then."""
+        with self._lock:
+            idle = [(key, sched) for key, sched in self._schedulers.items() if sched.idle]
+            for key, _ in idle:
+                del self._schedulers[key]
+        for _, sched in idle:
+            sched.close()
+        return sum(sched.kv_bytes for _, sched in idle)
 
     def _evict_idle_models(self) -> int:
         """Degrade step: drop every pooled network but those of the default weights; bytes released."""

@@ -42,6 +42,11 @@ MAX_CUDA_SLOTS = 2048
 MAX_ACOUSTIC_BATCH = 128  # streaming chunks decoded together (CUDA)
 
 
+class SchedulerClosedError(EngineError):
+    """The scheduler was closed (its model set evicted, reloaded or idle under memory pressure); a new
+    one serves the model set now."""
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     """Sizes of one scheduler (``EngineSettings`` holds the user's choices; 0 = automatic)."""
@@ -127,7 +132,7 @@ class Scheduler:
         """Admit a request (its first sentence is featurised) or raise BusyError."""
         with self._cv:
             if self._closed:
-                raise EngineError("the scheduler is shut down")
+                raise SchedulerClosedError("the scheduler is shut down")
             if len(self._active) >= self.slots + self.config.queue:
                 wait = max(1.0, float(np.mean(self._durations))) if self._durations else 1.0
                 raise BusyError(f"the server is busy: all {self.slots} decoding slots are taken and "
@@ -166,6 +171,17 @@ class Scheduler:
         for request, _ in queued:
             request.finish(BusyError(reason))
         return len(queued)
+
+    @property
+    def kv_bytes(self) -> int:
+        """Device bytes of the slot pool's KV cache (what closing this scheduler releases)."""
+        return self.decoder.k.numel() * self.decoder.k.element_size() * 2
+
+    @property
+    def idle(self) -> bool:
+        """No request admitted (none decoding, queued or still being voiced)."""
+        with self._cv:
+            return not self._active and not self._n
 
     def close(self) -> None:
         with self._cv:

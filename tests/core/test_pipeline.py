@@ -248,6 +248,31 @@ def test_memory_pressure_degrades_to_cpu():
     assert results and studio.memory.decisions["cpu"] == 1
 
 
+def test_memory_pressure_closes_idle_schedulers_and_the_next_request_makes_a_new_one():
+    from engine.memory import MemoryReading
+    from engine.pipeline import Studio
+
+    shared = sup.studio("v2")
+    pressure = [False]
+    studio = Studio(shared.default_weights, shared.runtime,  # its own pool: the degrade steps empty it
+                    memory_reader=lambda device: MemoryReading(99 if pressure[0] and studio.load()["slots"] else 50,
+                                                               100))
+    try:
+        first = join(studio.synthesize("Nice to meet you.", "en", reference(), FAST))[1]
+        sched = studio.scheduler(studio.cloner().models)
+        assert sched.idle and sched.kv_bytes > 0
+        pressure[0] = True  # above the watermark until no scheduler holds a KV pool
+        again = join(studio.synthesize("Nice to meet you.", "en", reference(), FAST))[1]
+        assert studio.memory.counts()["step:idle schedulers"] == 1
+        assert studio.scheduler(studio.cloner().models) is not sched  # a new one took its place
+        assert np.array_equal(first, again)
+        held = studio.cloner()  # made before its scheduler closes, used after: it finds the new one
+        assert studio._close_idle_schedulers() > 0
+        assert np.array_equal(join(held("Nice to meet you.", "en", reference(), FAST))[1], first)
+    finally:
+        studio.close()
+
+
 def test_pcm16_and_join():
     r = Result(audio=np.array([0.5, -1.0, 1.0, 0.0], dtype=np.float32), sample_rate=32000, text="", phones=(),
                index=0, sentence=0, is_last=True, seed=0)
