@@ -149,12 +149,18 @@ def start_stream(ctx: "ServerContext", job: TTSJob, control: JobControl) -> Iter
 
     results = _start(ctx, job, control)
     made = [0.0]
+    # official: each fragment is widened on its own (v3 streams sentence by sentence)
+    widen = ctx.super_sampler.get() if job.options.super_sampling and ctx.super_sampler is not None else None
 
     def chunks() -> Iterator[tuple[int, Any]]:
         for r in results:
             control.check()
             made[0] += len(r.audio) / r.sample_rate
-            yield r.sample_rate, r.audio
+            if widen is not None and r.sample_rate == V3_SAMPLE_RATE:
+                audio, sr = widen(r.audio, r.sample_rate)
+                yield sr, audio
+            else:
+                yield r.sample_rate, r.audio
 
     def encoded() -> Iterator[tuple[bytes, float]]:
         credited = 0.0

@@ -16,7 +16,7 @@ from engine.pipeline import Result
 from engine.testweights.ap_bwe import write_ap_bwe
 from studio.http.exchange import JobControl
 from studio.http.limits import ServerLimits
-from studio.http.synthesis import TTSJob, synthesize_whole
+from studio.http.synthesis import TTSJob, start_stream, synthesize_whole
 
 
 def _ctx(store, rate: int):
@@ -29,8 +29,9 @@ def _ctx(store, rate: int):
                            limits=ServerLimits())
 
 
-def _job(super_sampling: bool) -> TTSJob:
-    return TTSJob("a. b.", "en", None, SynthesisOptions(super_sampling=super_sampling), None, None, "wav", False)
+def _job(super_sampling: bool, streaming: bool = False) -> TTSJob:
+    return TTSJob("a. b.", "en", None, SynthesisOptions(super_sampling=super_sampling), None, None, "wav",
+                  streaming)
 
 
 def _control() -> JobControl:
@@ -46,3 +47,15 @@ def test_v3_answers_are_widened_when_the_model_is_in_place(tmp_path) -> None:
     assert rate == 48000 and sf.info(io.BytesIO(data)).samplerate == 48000
     assert synthesize_whole(_ctx(store, 24000), _job(False), _control())[1] == 24000  # only when asked
     assert synthesize_whole(_ctx(store, 32000), _job(True), _control())[1] == 32000  # v3 only
+
+
+def test_a_streamed_v3_answer_is_widened_piece_by_piece(tmp_path) -> None:
+    store = SuperSamplerStore(write_ap_bwe(tmp_path))
+
+    def streamed(rate: int, widen: bool) -> tuple[int, float]:
+        data = b"".join(piece for piece, _ in start_stream(_ctx(store, rate), _job(widen, True), _control()))
+        sr = int.from_bytes(data[24:28], "little")  # a streamed WAV header leaves the lengths open
+        return sr, (len(data) - 44) / 2 / sr
+
+    assert streamed(24000, True) == (48000, 1.0)  # two half-second pieces, each at 48 kHz
+    assert streamed(24000, False) == (24000, 1.0) and streamed(32000, True) == (32000, 1.0)
