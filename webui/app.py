@@ -84,13 +84,13 @@ def build_ui(studio, config=None, catalog: ModelCatalog | None = None, settings:
     ``super_sampler`` (an ``engine.acoustic.super_sampling.SuperSamplerStore``) holds the v3 AP-BWE
     model; pass the HTTP API's so that it loads once. Default: one for this page (the official location).
     """
-    from engine.acoustic.super_sampling import OFFICIAL_PATH, SuperSamplerStore
+    from engine.acoustic.super_sampling import SuperSamplerStore
     from studio.http.limits import ServerLimits
     from studio.http.runner import SynthesisRunner
 
     pool = pool or SynthesisRunner(ServerLimits.workers, ServerLimits.max_queue)
-    super_sampler = super_sampler or SuperSamplerStore(Path(studio.default_weights.base_dir) / OFFICIAL_PATH,
-                                                       studio.runtime.device)
+    super_sampler = super_sampler or SuperSamplerStore.for_weights(studio.default_weights.base_dir,
+                                                                   studio.runtime.device)
     catalog = catalog or ModelCatalog(studio.default_weights.base_dir)
     missing = handlers.missing_weights(config, studio.default_weights) if config is not None else {}
     with gr.Blocks(title=settings.title, analytics_enabled=False,
@@ -294,16 +294,13 @@ def _generate_handler(names: list[str], studio, settings: UISettings, pool, wide
 async def _until(stream, seconds: float | None):
     """The items of ``stream`` (a ``ResultStream``) until ``seconds`` have passed; then the stream is
     cancelled (its work stops at the next item) and TimeoutError is raised."""
-    if seconds is None:
-        async for item in stream:
-            yield item
-        return
+    loop = asyncio.get_running_loop()
+    deadline = None if seconds is None else loop.time() + seconds
     items = stream.__aiter__()
-    deadline = asyncio.get_running_loop().time() + seconds
     try:
         while True:
-            remaining = deadline - asyncio.get_running_loop().time()
-            if remaining <= 0:
+            remaining = None if deadline is None else deadline - loop.time()
+            if remaining is not None and remaining <= 0:
                 raise TimeoutError
             try:
                 item = await asyncio.wait_for(items.__anext__(), remaining)

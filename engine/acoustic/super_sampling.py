@@ -93,6 +93,11 @@ class SuperSamplerStore:
         self._sampler: SuperSampler | None = None
         self._lock = threading.Lock()
 
+    @classmethod
+    def for_weights(cls, base_dir: str | os.PathLike, device: str | torch.device = "cpu") -> "SuperSamplerStore":
+        """The store at the official place under a model set's root (the GPT-SoVITS folder)."""
+        return cls(Path(base_dir) / OFFICIAL_PATH, device)
+
     def get(self) -> SuperSampler | None:
         with self._lock:
             if self._sampler is None and self.path.is_file():

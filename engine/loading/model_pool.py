@@ -43,6 +43,10 @@ class WeightPathError(CheckpointError, OptionsError):
     """A weight path is missing or lies outside the folders weights may be loaded from."""
 
 
+class WeightsNotFoundError(WeightPathError):
+    """A weight path names no file or folder (the weights were never fetched, or the path is wrong)."""
+
+
 # ---- which files ---------------------------------------------------------------------------
 
 
@@ -125,7 +129,7 @@ def check_weight_path(path: str | os.PathLike, roots: tuple[str, ...], name: str
                 f"{name} {str(path)!r} is outside the allowed weight folders ({', '.join(map(str, allowed))})"
             )
     if must_exist and not resolved.exists():
-        raise WeightPathError(f"{name} {str(path)!r} does not exist")
+        raise WeightsNotFoundError(f"{name} {str(path)!r} does not exist")
     return resolved
 
 

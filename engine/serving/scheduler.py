@@ -154,9 +154,8 @@ class Scheduler:
         """``queued``: requests that have not started decoding; ``waiting``: sentences waiting for a slot
         (queued requests' first sentences and running requests' next ones)."""
         with self._cv:
-            waiting = list(self._arrivals)
-        queued = sum(1 for request, sentence in waiting if sentence is request.first and request.first_due is None)
-        return {"slots": self.slots, "decoding": self._n, "waiting": len(waiting), "queued": queued,
+            waiting, queued = len(self._arrivals), len(self._queued_locked())
+        return {"slots": self.slots, "decoding": self._n, "waiting": waiting, "queued": queued,
                 "requests": len(self._active)}
 
     def drain(self, reason: str = "the server is shutting down; retry in a moment") -> int:
@@ -164,13 +163,17 @@ class Scheduler:
         decoding run to their end. Admission stays the caller's business (a draining server admits nothing
         new; a scheduler may be shared with other front doors). Returns the number of requests failed."""
         with self._cv:
-            queued = [(r, s) for r, s in self._arrivals if s is r.first and r.first_due is None]
+            queued = self._queued_locked()
             for item in queued:
                 self._arrivals.remove(item)
                 self._active.discard(item[0])
         for request, _ in queued:
             request.finish(BusyError(reason))
         return len(queued)
+
+    def _queued_locked(self) -> list[tuple[Request, Any]]:
+        """Arrivals of requests that have not started: their first sentence, nothing voiced yet."""
+        return [(r, s) for r, s in self._arrivals if s is r.first and r.first_due is None]
 
     @property
     def kv_bytes(self) -> int:

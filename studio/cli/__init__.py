@@ -54,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sovits-studio: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
     args = build_parser(name).parse_args(argv[1:])
-    from engine.errors import CheckpointError, EngineError
+    from engine.errors import EngineError
+    from engine.loading.model_pool import WeightsNotFoundError
 
     module = importlib.import_module(SUBCOMMANDS[name][0])
     try:
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     except EngineError as e:
         flag = module.flag_for(e.field) if e.field and hasattr(module, "flag_for") else None
         print(f"error: {flag}: {e}" if flag else f"error: {e}", file=sys.stderr)
-        if isinstance(e, CheckpointError) and "does not exist" in str(e):
+        if isinstance(e, WeightsNotFoundError):
             print("hint: `sovits-studio download` fetches the official weights into the paths the config names; "
                   "`sovits-studio make-test-weights DIR` writes a random model set to try the tools with",
                   file=sys.stderr)

@@ -169,15 +169,13 @@ def _super_sampler(studio, cloner, options):
     official code leaves the audio as it is)."""
     if not options.super_sampling:
         return None
-    from pathlib import Path
-
-    from engine.acoustic.super_sampling import OFFICIAL_PATH, SuperSamplerStore
+    from engine.acoustic.super_sampling import SuperSamplerStore
 
     version = cloner.models.version
     if version != "v3":
         print(f"warning: --super-sampling applies to v3 models only, not {version}: ignored", file=sys.stderr)
         return None
-    store = SuperSamplerStore(Path(studio.default_weights.base_dir) / OFFICIAL_PATH, studio.runtime.device)
+    store = SuperSamplerStore.for_weights(studio.default_weights.base_dir, studio.runtime.device)
     sampler = store.get()
     if sampler is None:
         print(f"warning: --super-sampling needs the AP-BWE model at {store.path}: the audio keeps its 24 kHz",

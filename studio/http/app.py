@@ -136,8 +136,8 @@ def _add_service_routes(app: "FastAPI", ctx: ServerContext) -> None:
 
 def _super_sampler(studio):
     """The store of the v3 AP-BWE model, at the official place under the model set's root (loaded on first use)."""
-    from engine.acoustic.super_sampling import OFFICIAL_PATH, SuperSamplerStore
+    from engine.acoustic.super_sampling import SuperSamplerStore
 
     base = getattr(getattr(studio, "default_weights", None), "base_dir", None)
     runtime = getattr(studio, "runtime", None)
-    return None if base is None else SuperSamplerStore(Path(base) / OFFICIAL_PATH, getattr(runtime, "device", "cpu"))
+    return None if base is None else SuperSamplerStore.for_weights(base, getattr(runtime, "device", "cpu"))

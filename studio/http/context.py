@@ -84,7 +84,9 @@ class ServerContext:
         self.admission.drain()
         drain = getattr(self.studio, "drain", None)
         if drain is not None:
-            drain("the server is shutting down; retry on another instance or later")
+            from studio.http.exchange import SHUTTING_DOWN
+
+            drain(SHUTTING_DOWN)
 
     def bounded(self, options: Any) -> Any:
         """``options`` with the server's token cap applied (SynthesisOptions.early_stop_num)."""

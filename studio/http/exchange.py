@@ -21,6 +21,8 @@ from typing import Any, TypeVar
 
 from engine.errors import BusyError, EngineError
 
+SHUTTING_DOWN = "the server is shutting down; retry on another instance or later"
+
 T = TypeVar("T")
 
 # outcomes, a label of sovits_request_outcomes_total
@@ -164,7 +166,7 @@ class Admission:
         """Admit ``ex`` (raises BusyError/DrainingError at once when it cannot be) and give it a JobControl."""
         with self._lock:
             if self.draining:
-                raise DrainingError("the server is shutting down; retry on another instance or later",
+                raise DrainingError(SHUTTING_DOWN,
                                     retry_after=self.retry_after)
             if len(self._active) >= self.capacity:
                 raise BusyError(f"the server is busy ({self.capacity} synthesis requests in progress); "
@@ -219,7 +221,7 @@ async def await_work(ex: Exchange, work: Awaitable[T], disconnected: Callable[[]
         ex.client_gone = True
         raise ClientGone()
     if done:
-        raise DrainingError("the server is shutting down; retry on another instance or later",
+        raise DrainingError(SHUTTING_DOWN,
                             retry_after=retry_after)
     raise RequestTimeoutError("the request took longer than the server's limit (request_timeout_s)")
 
