@@ -116,6 +116,12 @@ def knob_settings(owner: str, values: dict[str, object]) -> dict[str, object]:
             for k, v in values.items() if KNOB_KEYS[k].owner == owner}
 
 
+def token_cap(config, args: argparse.Namespace) -> int | None:
+    """Semantic tokens per sentence at most: ``--max-tokens-per-sentence``, else the config's
+    ``max_tokens_per_sentence`` (test weight sets carry one: random weights rarely stop), else None."""
+    return getattr(args, "max_tokens_per_sentence", None) or config.active.max_tokens_per_sentence or None
+
+
 def build_studio(config, args: argparse.Namespace, **settings):
     """The engine for ``config`` with the command's ``--device``/``--precision``, the knobs (flags over the
     config's keys) and ``EngineSettings`` fields given here.

@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
 
-    from studio.cli.bootstrap import build_studio, load_engine_config, start_warmup
+    from studio.cli.bootstrap import build_studio, load_engine_config, start_warmup, token_cap
     from studio.http.app import create_app
     from studio.http.auth import Access, check_keys, read_key_file
     from studio.http.context import ServerSettings
@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
         weight_roots=tuple(weight_dirs),
         profiles_dir=args.profiles_dir,
         voice_uploads=not args.no_voice_uploads,
-        limits=limits_from_args(args),
+        limits=limits_from_args(args, max_tokens_per_sentence=token_cap(config, args)),
         access=Access(api_keys=check_keys(keys)),
         allow_control=args.allow_control,
     )

@@ -128,9 +128,12 @@ def run(args: argparse.Namespace) -> int:
         except OSError as e:
             raise TextError(f"--text {text}: cannot read the file ({e.strerror})") from e
     options = _options(args)
-    from studio.cli.bootstrap import build_studio, load_engine_config
+    from studio.cli.bootstrap import build_studio, load_engine_config, token_cap
 
-    studio = build_studio(load_engine_config(args.config, required=True), args, t2s_decoder=args.t2s_decoder)
+    config = load_engine_config(args.config, required=True)
+    if options.early_stop_num is None and (cap := token_cap(config, args)):
+        options = options.replace(early_stop_num=cap)  # the config's cap (test weight sets carry one)
+    studio = build_studio(config, args, t2s_decoder=args.t2s_decoder)
     reference = Reference(args.ref, args.ref_text, args.ref_lang, tuple(args.aux_ref))
     cloner = studio.cloner(gpt=args.gpt, sovits=args.sovits)
     progress = _Progress(not args.no_progress)

@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     import logging
 
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-    from studio.cli.bootstrap import build_studio, load_engine_config, start_warmup
+    from studio.cli.bootstrap import build_studio, load_engine_config, start_warmup, token_cap
     from studio.http.context import ServerSettings
     from studio.http.limits import limits_from_args
     from webui.app import UISettings
@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     roots = tuple(str(d) for d in catalog.folders)
     studio = build_studio(config, args, weight_roots=roots)
     notice = studio.device_notice[:1].upper() + studio.device_notice[1:]
-    max_tokens = args.max_tokens_per_sentence or config.active.max_tokens_per_sentence or None  # test sets cap it
+    max_tokens = token_cap(config, args)
     server_settings = ServerSettings(weight_roots=roots, profiles_dir=args.profiles_dir,
                                      limits=limits_from_args(args, max_tokens_per_sentence=max_tokens))
     ui = UISettings(max_tokens_per_sentence=max_tokens, notice=notice, random_weights=config.active.random_weights)

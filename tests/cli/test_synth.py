@@ -127,3 +127,14 @@ def test_super_sampling_widens_v3_to_48k_and_says_when_it_cannot(tmp_path, capsy
     monkeypatch.setattr(Studio, "from_config", classmethod(lambda cls, config, **kwargs: sup.studio("v2")))
     assert main(base_args(tmp_path) + ["--super-sampling", "true"]) == 0
     assert "v3 models only, not v2" in capsys.readouterr().err and sf.info(tmp_path / "out.wav").samplerate == 32000
+
+
+def test_the_configs_token_cap_bounds_each_sentence_unless_early_stop_num_is_given(tmp_path, shared_studio):
+    args = base_args(tmp_path)
+    i = args.index("--early-stop-num")
+    del args[i:i + 2]  # test weight sets carry max_tokens_per_sentence: 50 in their config
+    assert main(args) == 0
+    capped = sf.info(tmp_path / "out.wav").duration
+    assert 0 < capped <= 2 * (50 / 25 + 0.3) + 0.1  # two sentences of at most 50 tokens (2 s) and their gaps
+    assert main(args + ["--early-stop-num", "5"]) == 0
+    assert sf.info(tmp_path / "out.wav").duration < capped  # an explicit cap wins
