@@ -183,15 +183,28 @@ class Admission:
             self._active.discard(ex)
 
     def drain(self) -> None:
-        """Stop admitting; withdraw every admitted request whose work has not started. Thread-safe (a
-        signal handler may call it)."""
+        """Stop admitting; withdraw every admitted request whose work has not started (DrainingError; the
+        engine answers those queued for a decoding slot itself). Thread-safe (a signal handler may call it)."""
         with self._lock:
             self.draining = True
-            waiting = [ex for ex in self._active if ex.job is not None and ex.job.withdraw()]
-            loop = self._loop
+            active = list(self._active)
+        self._answer_draining([ex for ex in active if ex.job is not None and ex.job.withdraw()])
+
+    def cut(self) -> None:
+        """The shutdown grace is over: every request still waiting for its answer gets DrainingError (a 503
+        with Retry-After, not the 500 of a task cancelled by the server); streams already sent end."""
+        with self._lock:
+            active = list(self._active)
+        for ex in active:
+            if ex.job is not None:
+                ex.job.cancel()
+        self._answer_draining(active)
+
+    def _answer_draining(self, exchanges: list[Exchange]) -> None:
+        loop = self._loop
         if loop is None or loop.is_closed():
             return
-        for ex in waiting:
+        for ex in exchanges:
             if ex._drained is not None:
                 loop.call_soon_threadsafe(ex._drained.set)
 

@@ -24,6 +24,8 @@ from studio.http.limits import ServerLimits
 
 log = logging.getLogger("studio.http")
 
+CUT_MARGIN_S = 1.0  # uvicorn's own graceful-shutdown timeout falls this long after the app's cut
+
 
 class HeaderTimeoutProtocol(H11Protocol):
     """h11 with a deadline for request headers: a connection that is silent, or sends half a request
@@ -74,7 +76,7 @@ def uvicorn_config(app: Any, host: str, port: int, limits: ServerLimits, **extra
     protocol = type("HeaderTimeoutProtocol", (HeaderTimeoutProtocol,), {"header_timeout": limits.header_timeout_s})
     return uvicorn.Config(app, host=host, port=port, http=protocol, limit_concurrency=limits.max_connections,
                           timeout_keep_alive=max(1, round(limits.keep_alive_s)),
-                          timeout_graceful_shutdown=max(1, round(limits.shutdown_grace_s)), **extra)
+                          timeout_graceful_shutdown=max(1, round(limits.shutdown_grace_s + CUT_MARGIN_S)), **extra)
 
 
 class DrainingServer(uvicorn.Server):
@@ -86,13 +88,23 @@ class DrainingServer(uvicorn.Server):
         self.context = context
 
     def handle_exit(self, sig, frame) -> None:  # type: ignore[override]
-        self.context.drain()
+        self._drain()
         super().handle_exit(sig, frame)
 
     def request_exit(self) -> None:
         """Exit as a SIGTERM would (from any thread)."""
-        self.context.drain()
+        self._drain()
         self.should_exit = True
+
+    def _drain(self) -> None:
+        """Drain now; when the grace is over, answer what still runs 503 "shutting down" (uvicorn, which
+        cancels what is left CUT_MARGIN_S later, would answer 500)."""
+        self.context.drain()
+        if getattr(self, "_cutter", None) is None:
+            grace = self.context.limits.shutdown_grace_s
+            self._cutter = threading.Timer(grace, self.context.admission.cut)
+            self._cutter.daemon = True
+            self._cutter.start()
 
 
 def wait_for_workers(context: Any, grace_s: float) -> bool:

@@ -396,6 +396,20 @@ def test_shutdown_is_bounded_by_the_grace_period(tmp_path, refs) -> None:
         assert time.monotonic() - t0 < 8 and studio.steps < 1000
 
 
+def test_a_whole_file_request_cut_by_the_grace_period_is_a_503_not_a_500(tmp_path, refs) -> None:
+    studio = ScriptedStudio(tmp_path, pieces=1000, delay=0.05, seconds=0.01)
+    app = make_app(studio, refs, shutdown_grace_s=1)
+    with serving(app) as (url, server):
+        with ThreadRequest(httpx.post, f"{url}/tts", json=tts_body(), timeout=60) as running:
+            assert studio.started.wait(5)
+            t0 = time.monotonic()
+            server.request_exit()
+            assert wait_for(lambda: running.result is not None, 10)
+        assert studio.closed.wait(10) and studio.steps < 1000  # its work stopped
+    assert running.result.status_code == 503 and "Retry-After" in running.result.headers
+    assert "shutting down" in running.result.json()["message"] and time.monotonic() - t0 < 5
+
+
 # ---- keys -----------------------------------------------------------------------------------------------
 
 
