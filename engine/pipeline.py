@@ -17,6 +17,7 @@ official int16 samples.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import math
@@ -296,7 +297,8 @@ class VoiceCloner:
     def __init__(self, models: Models, cache: ReferenceCache | None = None,
                  reference_rules: ReferenceRules = ReferenceRules(),
                  max_text_chars: int = EngineSettings.max_text_chars, scheduler=None,
-                 fallback: DeviceFallback | None = None, reopen: Callable[[], Any] | None = None) -> None:
+                 fallback: DeviceFallback | None = None, reopen: Callable[[], Any] | None = None,
+                 gate=None) -> None:
         from engine.text.frontend import TextFrontend
 
         self.scheduler = scheduler  # engine.serving.Scheduler of these models; None: the official flow
@@ -306,7 +308,13 @@ class VoiceCloner:
         self.reference_rules = reference_rules
         self.max_text_chars = max_text_chars
         self.fallback = fallback  # runs stages MPS cannot on the CPU (None: every stage on the models' device)
+        # engine.serving.gate.DeviceGate of the engine: device work here waits while a CUDA graph is captured
+        self._gate = gate
         self.frontend = TextFrontend("v1" if models.version == "v1" else "v2", bert=models.bert)
+
+    def _device_work(self):
+        """The section device work of this cloner runs in (see engine.serving.gate)."""
+        return self._gate.work() if self._gate is not None else contextlib.nullcontext()
 
     def _stage(self, stage: str, module, fn, *args, out_dtype: torch.dtype | None = None, **kwargs):
         """``fn(module, *args, **kwargs)``, through the engine's DeviceFallback when it has one."""
@@ -336,6 +344,10 @@ class VoiceCloner:
                            tuple(sha256_bytes(a) for a in aux))
         return self.cache.get_or_create(key, lambda: self._build_reference(main, aux, prompt_text, reference.language))
 
+    def _build_reference(self, main: bytes, aux: tuple[bytes, ...], prompt_text: str, lang: str) -> PreparedReference:
+        with self._device_work():
+            return self._build_reference_now(main, aux, prompt_text, lang)
+
     @staticmethod
     def _prompt_text(reference: Reference) -> str:
         """Official prompt handling: strip newlines, end with "。" ("." for English) unless a split mark ends it."""
@@ -349,7 +361,8 @@ class VoiceCloner:
         return text
 
     @torch.no_grad()
-    def _build_reference(self, main: bytes, aux: tuple[bytes, ...], prompt_text: str, lang: str) -> PreparedReference:
+    def _build_reference_now(self, main: bytes, aux: tuple[bytes, ...], prompt_text: str, lang: str
+                             ) -> PreparedReference:
         m = self.models
         dev = m.device
         try:
@@ -425,7 +438,8 @@ class VoiceCloner:
 
     def _features(self, index: int, sentence: str, lang: str) -> _Sentence | None:
         try:
-            tf = self.frontend.phones_and_bert(sentence, lang)
+            with self._device_work():  # BERT runs on the device
+                tf = self.frontend.phones_and_bert(sentence, lang)
         except TextError as e:
             log.info("sentence %d skipped: %s", index, e)
             return None
@@ -734,6 +748,10 @@ class Studio:
         self._lock = threading.Lock()
         self._warmed: set[str] = set()
         self._schedulers: dict[str, object] = {}  # Models.id -> engine.serving.Scheduler (insertion order)
+        from engine.serving.gate import DeviceGate
+
+        self.gate = DeviceGate()  # device work of every scheduler and cloner vs CUDA graph captures
+        self._events: dict[str, int] = {}  # serving events for /metrics (rebuilds, graphs captured...)
 
     @classmethod
     def from_config(cls, config, device: str | None = None, precision: str | None = None,
@@ -777,14 +795,51 @@ class Studio:
             self._default_models = weakref.ref(models)
         cloner = VoiceCloner(models, self.references, self.reference_rules, self.settings.max_text_chars,
                              scheduler=self.scheduler(models) if self.settings.scheduler else None,
-                             fallback=self.fallback, reopen=lambda: self.scheduler(models))
+                             fallback=self.fallback, reopen=lambda: self.scheduler(models), gate=self.gate)
         if self.settings.warmup:
             with self._lock:
                 first = models.id not in self._warmed
                 self._warmed.add(models.id)
             if first:
-                warm_up(models)
+                # the official flow's FastT2S graph is captured only when that flow serves (no scheduler); with
+                # the device to itself, since other requests may be running
+                with self.gate.capture():
+                    warm_up(models, capture=not self.settings.scheduler)
         return cloner
+
+    def _count(self, event: str, n: int = 1) -> None:
+        """A serving event (from a scheduler); graph captures are told apart by when they happened."""
+        if event == "graphs_captured":
+            event = f"graphs_captured_{'serving' if self.readiness.status == 'ready' else 'warmup'}"
+        with self._lock:
+            self._events[event] = self._events.get(event, 0) + n
+
+    def serving_events(self) -> dict[str, int]:
+        """Counts of scheduler rebuilds, acoustic failures and graph captures (warm-up / serving)."""
+        with self._lock:
+            return dict(self._events)
+
+    @property
+    def serving_state(self) -> str:
+        """"ok"; "degraded" while a scheduler rebuilds its decoding state after a failed step; "failed" when
+        one could not (the device is unusable: restart)."""
+        with self._lock:
+            states = {sched.state for sched in self._schedulers.values()}
+        return "failed" if "failed" in states else "degraded" if "rebuilding" in states else "ok"
+
+    def capture_graphs(self, timeout: float | None = None) -> int:
+        """Capture every scheduler's decode-step graphs now (warm-up, before a server is ready); the number
+        captured. Afterwards no request waits for, or risks, a capture."""
+        with self._lock:
+            schedulers = list(self._schedulers.values())
+        return sum(sched.capture_graphs(timeout) for sched in schedulers)
+
+    def capacity(self) -> int:
+        """Requests the engine can hold at once (decoding slots + waiting room of every live scheduler); 0
+        before a scheduler exists."""
+        with self._lock:
+            schedulers = list(self._schedulers.values())
+        return sum(sched.slots + sched.config.queue for sched in schedulers)
 
     def _close_idle_schedulers(self) -> int:
         """Degrade step: close the schedulers no request is using, releasing their KV-cache pools; bytes
@@ -822,7 +877,8 @@ class Studio:
             if sched is None or sched.models.t2s is not models.t2s:  # reloaded weights: a new scheduler
                 s = self.settings
                 sched = Scheduler(models, SchedulerConfig(slots=s.scheduler_slots, queue=s.scheduler_queue,
-                                                          context=s.scheduler_context))
+                                                          context=s.scheduler_context),
+                                  gate=self.gate, on_event=self._count)
                 old = self._schedulers.pop(models.id, None)
                 if old is not None:
                     old.close()
@@ -867,11 +923,12 @@ def _freeing(results: Iterator[Result], runtime: Runtime) -> Iterator[Result]:
 
 
 @torch.no_grad()
-def warm_up(models: Models) -> None:
-    """Run each network once on tiny inputs (first-call kernel selection, allocator growth)."""
+def warm_up(models: Models, capture: bool = True) -> None:
+    """Run each network once on tiny inputs (first-call kernel selection, allocator growth); ``capture``:
+    also capture FastT2S's decode-step graph of the common shape (the official flow's)."""
     dev = models.device
-    if models.t2s_fast is not None:
-        models.t2s_fast.warm_up()  # capture the decode-step graph of the common shape
+    if capture and models.t2s_fast is not None:
+        models.t2s_fast.warm_up()
     decoder = T2SDecoder(models.t2s, generator=torch.Generator(device=dev).manual_seed(0))
     phones = torch.zeros(8, dtype=torch.long, device=dev)
     width = models.t2s.bert_proj.in_features

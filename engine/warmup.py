@@ -9,7 +9,9 @@ the second request on a CPU. :func:`warm_up` does that work before a server says
   ``Studio.synthesize`` path: a synthetic reference clip, a short sentence in the first language of
   ``WarmupSettings.languages``, a few semantic tokens;
 * it primes the text front end of the other languages;
-* on CUDA, the FastT2S graph of the common shape is captured by that same synthesis.
+* on CUDA, the decode-step graph of every batch bucket of every scheduler is captured at the end
+  (:meth:`engine.pipeline.Studio.capture_graphs`): a capture while requests run could be invalidated by
+  their device work, so serving never captures one.
 
 :class:`Readiness` is what ``/health`` reports: ``starting`` until the warm-up ends, then ``ready``
 (a failed warm-up is logged and still ends in ``ready``: requests then pay the loading themselves).
@@ -51,6 +53,7 @@ class WarmupReport:
     sets: tuple[str, ...]  # the versions warmed, in order
     seconds: float
     errors: tuple[str, ...] = field(default_factory=tuple)
+    graphs: int = 0  # decode-step graphs captured (CUDA), so that serving never captures one
 
 
 def reference_clip(seconds: float = 4.0, rate: int = 32000) -> bytes:
@@ -125,7 +128,16 @@ def warm_up(studio, weight_sets: Sequence | None = None, settings: WarmupSetting
             errors.append(f"{label}: {type(e).__name__}: {e}")
             log.warning("warm-up of %s failed (%s: %s); the first request will load what it needs",
                         label, type(e).__name__, e)
-    return WarmupReport(tuple(done), round(time.monotonic() - start, 3), tuple(errors))
+    graphs = 0
+    capture = getattr(studio, "capture_graphs", None)
+    if capture is not None:  # every batch bucket of every scheduler, before the server says it is ready
+        try:
+            graphs = capture()
+        except Exception as e:  # buckets without a graph then run eagerly until a quiet moment
+            errors.append(f"graph capture: {type(e).__name__}: {e}")
+            log.warning("capturing the decode-step graphs failed (%s: %s); those steps run eagerly",
+                        type(e).__name__, e)
+    return WarmupReport(tuple(done), round(time.monotonic() - start, 3), tuple(errors), graphs)
 
 
 def warm_up_in_background(studio, readiness: Readiness, weight_sets: Sequence | None = None,

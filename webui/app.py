@@ -88,7 +88,8 @@ def build_ui(studio, config=None, catalog: ModelCatalog | None = None, settings:
     from studio.http.limits import ServerLimits
     from studio.http.runner import SynthesisRunner
 
-    pool = pool or SynthesisRunner(ServerLimits.workers, ServerLimits.max_queue)
+    limits = ServerLimits()
+    pool = pool or SynthesisRunner(limits.workers, limits.max_inflight - limits.workers)
     super_sampler = super_sampler or SuperSamplerStore.for_weights(studio.default_weights.base_dir,
                                                                    studio.runtime.device)
     catalog = catalog or ModelCatalog(studio.default_weights.base_dir)

@@ -48,7 +48,7 @@ def create_webui_app(studio, config=None, ui_settings=None, server_settings=None
                     pool=app.state.context.runner,  # page and API share the synthesis workers
                     super_sampler=app.state.context.super_sampler)
     workers = concurrency or limits.workers
-    waiting = limits.max_queue if max_queue is None else max_queue
+    waiting = (limits.max_inflight - limits.workers) if max_queue is None else max_queue
     # gradio's queue holds the running requests too (its max_size 0 would refuse every one): the pool's
     # workers plus its queue; the pool itself answers "busy" when the HTTP API has taken the room
     demo.queue(default_concurrency_limit=workers, max_size=workers + waiting)

@@ -20,6 +20,7 @@ import queue
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,7 @@ import torch
 
 from engine.acoustic.streaming import ChunkTracker
 from engine.errors import BusyError, EngineError
+from engine.serving.gate import DeviceGate
 from engine.serving.requests import Piece, Request
 from engine.serving.sampling import stream_key
 from engine.serving.slots import SlotDecoder
@@ -45,6 +47,15 @@ MAX_ACOUSTIC_BATCH = 128  # streaming chunks decoded together (CUDA)
 class SchedulerClosedError(EngineError):
     """The scheduler was closed (its model set evicted, reloaded or idle under memory pressure); a new
     one serves the model set now."""
+
+
+class StepFailedError(BusyError):
+    """A decode step (or prefill) this request was in failed on the device; the scheduler rebuilt its
+    decoding state and serves the next requests, so the same request may be sent again."""
+
+
+class DeviceFailedError(EngineError):
+    """The device stopped working (its state could not be rebuilt): the server must be restarted."""
 
 
 @dataclass(frozen=True)
@@ -94,12 +105,19 @@ def auto_slots(model: torch.nn.Module, context: int, fraction: float) -> int:
 class Scheduler:
     """Owns the decoding of one model set on one device; see the module docstring."""
 
-    def __init__(self, models, config: SchedulerConfig = SchedulerConfig()) -> None:
+    def __init__(self, models, config: SchedulerConfig = SchedulerConfig(), gate: DeviceGate | None = None,
+                 on_event: Callable[[str, int], None] | None = None) -> None:
         self.models, self.config = models, config
+        self.gate = gate if gate is not None else DeviceGate()  # shared with every device user of the engine
+        self._on_event = on_event  # ("rebuild" | "graphs_captured" | "acoustic_failure", count) for metrics
         slots = config.slots or auto_slots(models.t2s, config.context, config.memory_fraction)
         self.slots = slots
-        self.decoder = SlotDecoder(models.t2s, slots, config.context)
+        self.decoder = self._make_decoder()
         self.tracker = ChunkTracker(slots, config.context, models.mute_similarity)
+        self.state = "ok"  # "rebuilding" after a failed step, "failed" when the device could not be rebuilt
+        self.rebuilds = 0
+        self._capture_wanted = False  # capture_graphs() asked the loop to capture every bucket
+        self._captured = threading.Event()
         self.eos = models.t2s.dims.eos
         self._rows: list[_Row | None] = [None] * slots
         self._n = 0  # rows [0, n) are occupied
@@ -127,12 +145,22 @@ class Scheduler:
         # (submit -> first token chunk due, due -> its audio ready) seconds of recent requests
         self.first_chunk_parts: deque[tuple[float, float]] = deque(maxlen=4096)
 
+    def _make_decoder(self) -> SlotDecoder:
+        return SlotDecoder(self.models.t2s, self.slots, self.config.context)
+
+    def _event(self, name: str, count: int = 1) -> None:
+        if self._on_event is not None and count:
+            self._on_event(name, count)
+
     # ---- public ---------------------------------------------------------------------------------
     def submit(self, request: Request) -> None:
         """Admit a request (its first sentence is featurised) or raise BusyError."""
         with self._cv:
             if self._closed:
                 raise SchedulerClosedError("the scheduler is shut down")
+            if self.state == "failed":
+                raise DeviceFailedError("the device failed and its decoding state could not be rebuilt; the "
+                                        "server must be restarted (see its log)")
             if len(self._active) >= self.slots + self.config.queue:
                 wait = max(1.0, float(np.mean(self._durations))) if self._durations else 1.0
                 raise BusyError(f"the server is busy: all {self.slots} decoding slots are taken and "
@@ -143,6 +171,23 @@ class Scheduler:
             self._arrivals.append((request, request.first))
             self._start()
             self._cv.notify_all()
+
+    def capture_graphs(self, timeout: float | None = None) -> int:
+        """Capture the decode-step graph of every batch bucket now, on the decode loop at its next quiet
+        moment and with the device to itself (engine.serving.gate); warm-up calls it before a server says it
+        is ready, so that serving never captures. Returns the number of graphs captured (0 off CUDA)."""
+        if self.decoder is None or not self.decoder.uncaptured():
+            return 0
+        before = self.decoder.captures
+        with self._cv:
+            if self._closed:
+                return 0
+            self._captured.clear()
+            self._capture_wanted = True
+            self._start()
+            self._cv.notify_all()
+        self._captured.wait(timeout)
+        return self.decoder.captures - before
 
     @property
     def text_executor(self) -> ThreadPoolExecutor:
@@ -178,6 +223,8 @@ class Scheduler:
     @property
     def kv_bytes(self) -> int:
         """Device bytes of the slot pool's KV cache (what closing this scheduler releases)."""
+        if self.decoder is None:  # a failed rebuild
+            return 0
         return self.decoder.k.numel() * self.decoder.k.element_size() * 2
 
     @property
@@ -223,7 +270,8 @@ class Scheduler:
     def _decode_loop(self) -> None:
         while True:
             with self._cv:
-                while not self._closed and not self._n and not self._arrivals and not self._cancelled:
+                while (not self._closed and not self._n and not self._arrivals and not self._cancelled
+                       and not self._capture_wanted and not (self.decoder is not None and self.decoder.missing)):
                     self._cv.wait()
                 if self._closed:
                     break
@@ -232,15 +280,71 @@ class Scheduler:
             try:
                 self._drop(cancelled)
                 if arrivals:
-                    self._prefill(arrivals)
+                    with self.gate.work():
+                        self._prefill(arrivals)
+                    arrivals = []
                 if self._n:
                     t0 = time.perf_counter()
-                    self._decode_step()
+                    with self.gate.work():
+                        self._decode_step()
                     self.t2s_seconds += time.perf_counter() - t0
+                elif (not self._arrivals and self.decoder is not None
+                      and (self._capture_wanted or self.decoder.missing)):
+                    self._capture_quietly()
             except Exception as e:
-                log.exception("decode step failed")
-                self._fail_all(e)
+                self._recover(e, arrivals)
+        self._captured.set()
         self._fail_all(EngineError("the scheduler was shut down"))
+
+    def _capture_quietly(self) -> None:
+        """No row decodes: capture the missing graphs (all of them when capture_graphs asked) while every
+        other device user of the engine waits (the gate's exclusive section)."""
+        try:
+            buckets = self.decoder.uncaptured() if self._capture_wanted else sorted(self.decoder.missing)
+            with self.gate.capture():
+                done = self.decoder.capture(buckets)
+            self._event("graphs_captured", done)
+        finally:
+            self._capture_wanted = False
+            self._captured.set()
+
+    def _recover(self, error: BaseException, arrivals: list[tuple[Request, Any]]) -> None:
+        """A prefill, decode step or capture failed: fail the requests that were in it (their rows and the
+        arrivals being prefilled) with a retryable error, rebuild the decoding state on the device, and go on
+        with the queued requests. ``state`` is "rebuilding" meanwhile (``/health`` says "degraded"); when
+        the device cannot even run a probe, "failed", and every request fails."""
+        log.error("decode step failed; rebuilding the decoding state", exc_info=error)
+        self.state = "rebuilding"
+        self.rebuilds += 1
+        self._event("rebuild")
+        failed = {r.request for r in self._rows[: self._n] if r is not None} | {req for req, _ in arrivals}
+        for i in range(len(self._rows)):
+            self._rows[i] = None
+        self._n = 0
+        with self._cv:
+            for request in failed:
+                self._active.discard(request)
+        for request in failed:
+            request.finish(StepFailedError(
+                "the decoding step this request was in failed on the device; the engine rebuilt its state: "
+                "send the request again", retry_after=1.0))
+        try:
+            with self.gate.capture():  # nothing else on the device while its memory is given back and retaken
+                self.decoder = None  # type: ignore[assignment]  # free the KV pool before the new one
+                if self.models.device.type == "cuda":
+                    torch.cuda.empty_cache()
+                self.decoder = self._make_decoder()
+                self.tracker = ChunkTracker(self.slots, self.config.context, self.models.mute_similarity)
+                probe = torch.ones(1, device=self.models.device)
+                if float((probe + probe).sum().item()) != 2.0:
+                    raise RuntimeError("the device computed 1 + 1 wrongly")
+            self.state = "ok"
+            log.warning("decoding state rebuilt (%d rebuilds so far); serving again", self.rebuilds)
+        except Exception:
+            log.exception("the decoding state could not be rebuilt: the device is unusable, restart the server")
+            self.state = "failed"
+            self._fail_all(DeviceFailedError("the device failed and its decoding state could not be rebuilt; the "
+                                             "server must be restarted (see its log)"))
 
     def _take_arrivals(self) -> list[tuple[Request, Any]]:
         free = self.slots - self._n
@@ -443,12 +547,13 @@ class Scheduler:
                 return
             taken, pending = _round(pending)
             t0 = time.perf_counter()
-            if stream is not None:
-                with torch.cuda.stream(stream):
+            with self.gate.work():
+                if stream is not None:
+                    with torch.cuda.stream(stream):
+                        self._acoustic_round(taken)
+                    stream.synchronize()
+                else:
                     self._acoustic_round(taken)
-                stream.synchronize()
-            else:
-                self._acoustic_round(taken)
             self.acoustic_seconds += time.perf_counter() - t0
             self.acoustic_rounds += 1
             self.acoustic_chunks += len(taken)
@@ -470,6 +575,7 @@ class Scheduler:
                     audios = voice_together([j[4] for j in chunks], [j[3] for j in chunks])
             except Exception as e:
                 log.exception("acoustic stage failed")
+                self._event("acoustic_failure")
                 for j in chunks:
                     j[1].finish(e)
                     j[1].cancel()
@@ -483,6 +589,7 @@ class Scheduler:
                 self._run_acoustic(kind, request, sentence, payload, voice)
             except Exception as e:
                 log.exception("acoustic stage failed")
+                self._event("acoustic_failure")
                 request.finish(e)
                 request.cancel()
 

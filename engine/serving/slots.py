@@ -75,6 +75,8 @@ class SlotDecoder:
         self.buckets = batch_buckets(slots) if self.use_graph else ()
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._pool = None
+        self.missing: set[int] = set()  # buckets stepped eagerly for want of a graph (captured when quiet)
+        self.captures = 0  # graphs captured
         pinned = self.device.type == "cuda"
         self._host = torch.zeros(2, slots, dtype=torch.long, pin_memory=pinned)
 
@@ -141,12 +143,16 @@ class SlotDecoder:
 
     @torch.inference_mode()
     def step(self, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """Decode one token for rows [0, n); returns (sampled, argmax of the penalised logits), (n,) each."""
+        """Decode one token for rows [0, n); returns (sampled, argmax of the penalised logits), (n,) each.
+        A bucket without a captured graph runs eagerly (the same operations) and is noted in ``missing``:
+        a step never captures, since other threads may be using the device (see :meth:`capture`)."""
         b = self._bucket(n)
-        if self.use_graph:
-            graph = self._graphs.get(b) or self._capture(b)
+        graph = self._graphs.get(b) if self.use_graph else None
+        if graph is not None:
             graph.replay()
         else:
+            if self.use_graph:
+                self.missing.add(b)
             self._step_rows(b)
         self.pos_host = (self.pos_host + 1) % self.capacity
         self._host[0, :b].copy_(self.out_token[:b], non_blocking=True)
@@ -157,7 +163,8 @@ class SlotDecoder:
         return host[0, :n].copy(), host[1, :n].copy()
 
     def _capture(self, b: int) -> torch.cuda.CUDAGraph:
-        """Capture the step of ``b`` rows (warm-up runs first; the pool's state is saved around them)."""
+        """Capture the step of ``b`` rows (warm-up runs first; the pool's state is saved around them).
+        The caller makes sure no other thread uses the device meanwhile (engine.serving.gate)."""
         saved = [t.clone() for t in (self.token, self.audio_pos, self.step_index, self.pos, self.valid, self.seen,
                                      self.out_token, self.out_argmax)]
         stream = torch.cuda.Stream(self.device)
@@ -169,20 +176,37 @@ class SlotDecoder:
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool, stream=stream), torch.inference_mode():
+        # thread_local: an API call another thread makes meanwhile cannot invalidate this capture
+        with torch.cuda.graph(graph, pool=self._pool, stream=stream, capture_error_mode="thread_local"), \
+                torch.inference_mode():
             self._step_rows(b)
         for dst, src in zip((self.token, self.audio_pos, self.step_index, self.pos, self.valid, self.seen,
                              self.out_token, self.out_argmax), saved):
             dst.copy_(src)
-        self._graphs[b] = graph
         return graph
 
-    def capture_all(self, limit: int | None = None) -> None:
-        """Capture every bucket up front (up to ``limit`` rows), so no request waits for a capture."""
-        if self.use_graph:
-            for b in self.buckets:
-                if (limit is None or b <= limit) and b not in self._graphs:
-                    self._capture(b)
+    def uncaptured(self, limit: int | None = None) -> list[int]:
+        """Buckets (up to ``limit`` rows) that have no graph yet."""
+        if not self.use_graph:
+            return []
+        return [b for b in self.buckets if (limit is None or b <= limit) and b not in self._graphs]
+
+    def capture(self, buckets: Sequence[int]) -> int:
+        """Capture the graphs of ``buckets`` (their steps replay from then on); returns how many were
+        captured. Only while no other thread uses the device: the scheduler calls it from its decode loop
+        inside ``DeviceGate.capture``."""
+        done = 0
+        for b in buckets:
+            if self.use_graph and b not in self._graphs:
+                self._graphs[b] = self._capture(b)
+                self.captures += 1
+                done += 1
+            self.missing.discard(b)
+        return done
+
+    def capture_all(self, limit: int | None = None) -> int:
+        """Capture every bucket up front (up to ``limit`` rows); the caller guarantees a quiet device."""
+        return self.capture(self.uncaptured(limit))
 
     # ---- arrivals -----------------------------------------------------------------------------
     @torch.inference_mode()

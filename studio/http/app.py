@@ -73,12 +73,15 @@ def _context(studio: "Studio", settings: ServerSettings, on_control: Callable[[s
     limits = settings.limits
     metrics = ServerMetrics(cache_stats=cache_stats, queue_length=lambda: runner.queue_length)
     register_engine_metrics(metrics.registry, studio)
-    runner = SynthesisRunner(limits.workers, limits.max_queue,
-                             on_start=lambda: metrics.in_progress.add(1), on_end=lambda: metrics.in_progress.add(-1))
+    engine_capacity = getattr(studio, "capacity", lambda: 0)
+    admitted = limits.admission(engine_capacity)  # fixed, or sized from the engine's slots once it has them
+    runner = SynthesisRunner(limits.workers, limits.max_inflight - limits.workers,
+                             on_start=lambda: metrics.in_progress.add(1), on_end=lambda: metrics.in_progress.add(-1),
+                             capacity=admitted if limits.max_queue is None else None)
     roots = settings.weight_roots or studio.settings.weight_roots or default_weight_roots(studio)
     return ServerContext(
         studio=studio, settings=settings, runner=runner, metrics=metrics,
-        admission=Admission(limits.max_inflight, limits.retry_after_s),
+        admission=Admission(admitted, limits.retry_after_s),
         profiles=ProfileStore(settings.profiles_dir, limits.max_upload_bytes) if settings.profiles_dir else None,
         reference_roots=tuple(Path(r).resolve() for r in settings.reference_roots),
         weight_roots=tuple(str(r) for r in roots), on_control=on_control,
@@ -122,16 +125,21 @@ def _add_service_routes(app: "FastAPI", ctx: ServerContext) -> None:
 
     @app.get("/health")
     async def health():
-        """``starting`` while the warm-up runs, then ``ready``; ``draining`` (503) once shutdown has begun."""
+        """``starting`` while the warm-up runs, then ``ready``; ``degraded`` while the engine rebuilds its
+        decoding state after a failed step (it still serves); ``failed`` (503) when it could not (restart);
+        ``draining`` (503) once shutdown has begun."""
         draining = ctx.admission.draining
         readiness = getattr(ctx.studio, "readiness", None)  # engine.warmup.Readiness, when a warm-up was started
         status = "draining" if draining else (readiness.status if readiness is not None else "ready")
+        engine = getattr(ctx.studio, "serving_state", "ok")  # "ok", "degraded" or "failed"
+        if status == "ready" and engine != "ok":
+            status = engine
         load = getattr(ctx.studio, "load", None)  # the engine's schedulers: requests waiting for a slot
         engine_queued = load()["queued"] if load is not None else 0
         body = {"status": status, "running": max(0, ctx.runner.running - engine_queued),
                 "queued": ctx.runner.queue_length + engine_queued, "admitted": ctx.admission.active,
-                "uptime_seconds": round(time.time() - ctx.started, 1)}
-        return JSONResponse(body, status_code=503 if draining else 200)
+                "capacity": ctx.admission.capacity, "uptime_seconds": round(time.time() - ctx.started, 1)}
+        return JSONResponse(body, status_code=503 if status in ("draining", "failed") else 200)
 
 
 def _super_sampler(studio):

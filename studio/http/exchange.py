@@ -151,8 +151,9 @@ class Admission:
     streaming): the next one gets BusyError before its body is read. :meth:`drain` (SIGTERM) refuses new
     ones and answers those whose work has not started with DrainingError; running ones continue."""
 
-    def __init__(self, capacity: int, retry_after: float) -> None:
-        self.capacity, self.retry_after = capacity, retry_after
+    def __init__(self, capacity: int | Callable[[], int], retry_after: float) -> None:
+        self._capacity = capacity if callable(capacity) else (lambda: capacity)
+        self.retry_after = retry_after
         self.draining = False
         self._lock = threading.Lock()
         self._active: set[Exchange] = set()
@@ -162,14 +163,20 @@ class Admission:
     def active(self) -> int:
         return len(self._active)
 
+    @property
+    def capacity(self) -> int:
+        """Synthesis requests admitted at once now (fixed, or sized from the engine after its warm-up)."""
+        return self._capacity()
+
     def enter(self, ex: Exchange, timeout_s: float) -> JobControl:
         """Admit ``ex`` (raises BusyError/DrainingError at once when it cannot be) and give it a JobControl."""
         with self._lock:
             if self.draining:
                 raise DrainingError(SHUTTING_DOWN,
                                     retry_after=self.retry_after)
-            if len(self._active) >= self.capacity:
-                raise BusyError(f"the server is busy ({self.capacity} synthesis requests in progress); "
+            capacity = self._capacity()
+            if len(self._active) >= capacity:
+                raise BusyError(f"the server is busy ({capacity} synthesis requests in progress); "
                                 f"retry in a moment", retry_after=self.retry_after)
             self._active.add(ex)
             self._loop = asyncio.get_running_loop()

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 
 from engine.errors import OptionsError
 
 MIB = 1 << 20
+DEFAULT_QUEUE = 32  # the automatic max_queue before the engine's schedulers exist (and its floor)
 
 
 @dataclass(frozen=True)
@@ -23,8 +25,9 @@ class ServerLimits:
 
     # ---- admission -------------------------------------------------------------------------
     workers: int = 1  # syntheses computed at once
-    max_queue: int = 32  # admitted syntheses waiting beyond those; more get 503 + Retry-After at once,
-    # before their body is read
+    max_queue: int | None = None  # admitted syntheses waiting beyond those; more get 503 + Retry-After at once,
+    # before their body is read. None: as many as the engine's schedulers hold (decoding slots, sized from free
+    # device memory, + their waiting room), once the warm-up made them; DEFAULT_QUEUE until then
     retry_after_s: float = 1.0  # the Retry-After of a busy 503
     # ---- request bodies ----------------------------------------------------------------------
     max_upload_bytes: int = 20 * MIB  # a whole request body (JSON or multipart with every clip): over it, 413;
@@ -50,7 +53,7 @@ class ServerLimits:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name == "max_tokens_per_sentence" and value is None:
+            if f.name in ("max_tokens_per_sentence", "max_queue") and value is None:
                 continue
             if f.type in ("int", "int | None"):
                 low = 1 if f.name in ("workers", "max_upload_bytes", "max_json_depth", "max_connections",
@@ -63,15 +66,26 @@ class ServerLimits:
 
     @property
     def max_inflight(self) -> int:
-        """Synthesis requests admitted at once (reading their body, queued, computing or streaming)."""
-        return self.workers + self.max_queue
+        """Synthesis requests admitted at once (reading their body, queued, computing or streaming) with a
+        fixed ``max_queue``; with the automatic one, before the engine's schedulers exist."""
+        return self.workers + (DEFAULT_QUEUE if self.max_queue is None else self.max_queue)
+
+    def admission(self, engine_capacity: Callable[[], int]) -> Callable[[], int]:
+        """The number of synthesis requests admitted at once, read at each admission: ``max_inflight`` with a
+        fixed ``max_queue``; else sized from the engine (``engine_capacity()``: its slots + waiting room)."""
+        if self.max_queue is not None:
+            fixed = self.max_inflight
+            return lambda: fixed
+        floor = self.max_inflight
+        return lambda: max(floor, self.workers + engine_capacity())
 
 
 # ---- command-line flags (serve, webui) ---------------------------------------------------------
 
 _FLAGS = {  # field -> (flag, help); MiB for the upload size
     "workers": ("--workers", "syntheses computed at once, page and API together"),
-    "max_queue": ("--max-queue", "syntheses waiting beyond that; more get 503 at once"),
+    "max_queue": ("--max-queue", "syntheses waiting beyond that; more get 503 at once (auto: as many as the "
+                                 "engine's decoding slots, sized from free device memory, and their queue hold)"),
     "max_upload_bytes": ("--max-upload-mb", "request body limit in MiB (the whole body, clips included)"),
     "request_timeout_s": ("--request-timeout", "seconds one synthesis request may take; then 504 and its work stops"),
     "max_audio_seconds": ("--max-audio-seconds", "longest audio of a whole-file response (streaming: no cap)"),
@@ -93,7 +107,7 @@ def add_limit_arguments(parser: argparse.ArgumentParser, skip: tuple[str, ...] =
         kind = int if name in ("workers", "max_queue", "max_tokens_per_sentence") else float
         if name == "max_upload_bytes":
             default = default / MIB
-        shown = "none" if default is None else f"{default:g}"
+        shown = ("auto" if name == "max_queue" else "none") if default is None else f"{default:g}"
         dest = "max_upload_mb" if name == "max_upload_bytes" else name
         parser.add_argument(flag, type=kind, default=default, dest=dest, help=f"{text} (default {shown})")
 

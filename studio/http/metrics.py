@@ -304,6 +304,25 @@ def register_engine_metrics(registry: Registry, studio) -> None:
         runtime = getattr(studio, "runtime", None)
         return memory_samples(str(runtime.device)) if runtime is not None else []
 
+    def serving_events(name: str) -> Callable[[], list[Sample]]:
+        def samples() -> list[Sample]:
+            events = studio.serving_events() if hasattr(studio, "serving_events") else {}
+            return [({}, float(events.get(name, 0)))]
+
+        return samples
+
+    def captures() -> list[Sample]:
+        events = studio.serving_events() if hasattr(studio, "serving_events") else {}
+        return [({"phase": phase}, float(events.get(f"graphs_captured_{phase}", 0))) for phase in ("warmup", "serving")]
+
+    registry.callback("sovits_scheduler_rebuilds_total", "Times a scheduler rebuilt its decoding state after a "
+                      "failed decode step (the requests in that step failed with 503).", serving_events("rebuild"),
+                      kind="counter")
+    registry.callback("sovits_acoustic_failures_total", "Acoustic rounds (or jobs) that failed; the requests in "
+                      "them failed.", serving_events("acoustic_failure"), kind="counter")
+    registry.callback("sovits_graph_captures_total", "CUDA graphs of the decode step captured, at warm-up or "
+                      "while serving (then under a barrier, at a quiet moment).", captures, ("phase",),
+                      kind="counter")
     registry.callback("sovits_cpu_fallback_total", "Stage runs moved to the CPU because the accelerator lacks "
                       "one of their operators.", fallbacks, ("stage",), kind="counter")
     registry.callback("sovits_memory_degrade_total", "Memory watermark decisions: degrade steps run, requests "

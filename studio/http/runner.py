@@ -25,6 +25,7 @@ _END = object()
 
 
 ServerBusyError = BusyError  # the name the HTTP layer knows (503 with Retry-After)
+MAX_THREADS = 8192  # most worker threads of an engine-sized runner (each only waits on the scheduler)
 
 
 class SynthesisRunner:
@@ -33,14 +34,19 @@ class SynthesisRunner:
     yet started; ``running`` the number in flight."""
 
     def __init__(self, workers: int, max_queue: int,
-                 on_start: Callable[[], None] | None = None, on_end: Callable[[], None] | None = None) -> None:
+                 on_start: Callable[[], None] | None = None, on_end: Callable[[], None] | None = None,
+                 capacity: Callable[[], int] | None = None) -> None:
         if workers < 1 or max_queue < 0:
             raise ValueError("workers must be >= 1 and max_queue >= 0")
         self.workers, self.max_queue = workers, max_queue
-        # every admitted request runs at once: its thread only waits on the scheduler
-        self._executor = ThreadPoolExecutor(max_workers=workers + max_queue, thread_name_prefix="synthesis")
-        self._slots = threading.BoundedSemaphore(workers + max_queue)
+        # ``capacity()``: the admitted jobs allowed now (e.g. sized from the engine's slots after warm-up);
+        # default workers + max_queue
+        self._capacity = capacity if capacity is not None else (lambda: workers + max_queue)
+        # every admitted request runs at once: its thread only waits on the scheduler (threads start on demand)
+        threads = MAX_THREADS if capacity is not None else workers + max_queue
+        self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="synthesis")
         self._lock = threading.Lock()
+        self._admitted = 0
         self._waiting = 0
         self._running = 0
         self._on_start, self._on_end = on_start, on_end
@@ -53,12 +59,22 @@ class SynthesisRunner:
     def running(self) -> int:
         return self._running
 
-    def submit(self, fn: Callable[..., T], *args: Any) -> Future:
-        """Queue ``fn(*args)`` or raise ServerBusyError when ``workers + max_queue`` jobs are admitted."""
-        if not self._slots.acquire(blocking=False):
-            raise ServerBusyError(
-                f"the server is busy ({self.workers} running, {self.max_queue} queued); retry in a moment")
+    @property
+    def capacity(self) -> int:
+        return min(self._capacity(), self._executor._max_workers)
+
+    def _release(self) -> None:
         with self._lock:
+            self._admitted -= 1
+
+    def submit(self, fn: Callable[..., T], *args: Any) -> Future:
+        """Queue ``fn(*args)`` or raise ServerBusyError when ``capacity`` jobs are admitted."""
+        capacity = self.capacity
+        with self._lock:
+            if self._admitted >= capacity:
+                raise ServerBusyError(
+                    f"the server is busy ({self._running} running, {self._waiting} queued); retry in a moment")
+            self._admitted += 1
             self._waiting += 1
 
         def job() -> T:
@@ -74,14 +90,14 @@ class SynthesisRunner:
                     self._running -= 1
                 if self._on_end:
                     self._on_end()
-                self._slots.release()
+                self._release()
 
         try:
             return self._executor.submit(job)
         except RuntimeError:  # shut down
             with self._lock:
                 self._waiting -= 1
-            self._slots.release()
+            self._release()
             raise ServerBusyError("the server is shutting down") from None
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
