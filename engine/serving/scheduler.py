@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import math
 import queue
+import sys
 import threading
 import time
 from collections import deque
@@ -42,6 +43,10 @@ PREFILL_TOKENS = 8192  # most prefix positions (rows x width) prefilled in one g
 CPU_SLOTS = 8
 MAX_CUDA_SLOTS = 2048
 MAX_ACOUSTIC_BATCH = 128  # streaming chunks decoded together (CUDA)
+# Python's GIL switch interval while a scheduler runs: a thread that waits for the GIL (the decode loop after
+# each device sync) gets it after at most this long, not after the default 5 ms that any CPU-bound thread (a
+# request's text front end) may hold it; with many clients the default throttles every decode step.
+GIL_SWITCH_INTERVAL_S = 0.0005
 
 
 class SchedulerClosedError(EngineError):
@@ -246,6 +251,8 @@ class Scheduler:
     def _start(self) -> None:
         if self._threads:
             return
+        if sys.getswitchinterval() > GIL_SWITCH_INTERVAL_S:  # process-wide; only ever lowered
+            sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
         for name, target in (("t2s-loop", self._loop), ("acoustic", self._acoustic_loop)):
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
