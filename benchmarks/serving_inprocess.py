@@ -51,11 +51,11 @@ def client_clip(index: int, seconds: float = 5.0, rate: int = 32000) -> bytes:
     return buf.getvalue()
 
 
-def one_request(studio, i: int, n: int, stream: bool, tokens: int, clip: bytes) -> dict:
+def one_request(studio, i: int, n: int, stream: bool, tokens: int, clip: bytes, texts=TEXTS) -> dict:
     from engine.options import SynthesisOptions
     from engine.pipeline import Reference
 
-    lang, text = TEXTS[(i + n) % len(TEXTS)]
+    lang, text = texts[(i + n) % len(texts)]
     opts = SynthesisOptions(streaming_mode=stream, seed=1000 * i + n, early_stop_num=tokens)
     t0 = time.perf_counter()
     first, audio, arrivals = None, 0.0, []
@@ -90,7 +90,7 @@ def profile_kernels(seconds: float, start_after: float) -> dict:
 
 
 def level(studio, clients: int, duration: float, stream: bool, tokens: int, clips: list[bytes],
-          pyspy: tuple[str, float] | None, torch_profile: bool = False) -> dict:
+          pyspy: tuple[str, float] | None, torch_profile: bool = False, texts=TEXTS) -> dict:
     scheds = list(studio._schedulers.values())
     sched = scheds[0] if scheds else None
     before = (sched.steps, sched.tokens, sched.t2s_seconds, sched.acoustic_seconds, sched.acoustic_rounds,
@@ -102,7 +102,7 @@ def level(studio, clients: int, duration: float, stream: bool, tokens: int, clip
     def client(i: int) -> None:
         n = 0
         while time.perf_counter() < deadline:
-            r = one_request(studio, i, n, stream, tokens, clips[(i * 7919 + n) % len(clips)])
+            r = one_request(studio, i, n, stream, tokens, clips[(i * 7919 + n) % len(clips)], texts)
             n += 1
             with lock:
                 records.append(r)
@@ -154,6 +154,7 @@ def main() -> int:
     p.add_argument("--duration", type=float, default=15.0)
     p.add_argument("--tokens", type=int, default=200)
     p.add_argument("--mode", choices=("stream", "whole", "both"), default="stream")
+    p.add_argument("--langs", default="zh,en,ja", help="text languages, taken in turn")
     p.add_argument("--clips", type=int, default=256, help="distinct client clips (the reference cache misses)")
     p.add_argument("--pyspy", default=None, help="py-spy binary: sample the GIL holder during one level")
     p.add_argument("--pyspy-level", type=int, default=8, help="the client count sampled by --pyspy")
@@ -174,7 +175,9 @@ def main() -> int:
         config = args.config or str(make_test_weights(work, args.version, full_size=args.full_size))
         studio = Studio.from_config(config, device=args.device, precision=args.precision, settings=EngineSettings())
         studio.readiness = Readiness()
-        report = warm_up(studio, settings=WarmupSettings(languages=("zh", "en", "ja")))
+        langs = tuple(args.langs.split(","))
+        texts = tuple(t for t in TEXTS if t[0] in langs)
+        report = warm_up(studio, settings=WarmupSettings(languages=langs))
         studio.readiness.finish()
         setup = time.perf_counter() - t0
         print(f"setup {setup:.1f} s; warm-up {report.seconds:.1f} s, {report.graphs} graphs, errors {report.errors}",
@@ -187,7 +190,7 @@ def main() -> int:
                 spy = ((args.pyspy, min(args.duration, 10), args.pyspy_out)
                        if args.pyspy and n == args.pyspy_level and stream == modes[0] else None)
                 prof = str(n) in args.torch_profile.split(",")
-                levels.append(level(studio, n, args.duration, stream, args.tokens, clips, spy, prof))
+                levels.append(level(studio, n, args.duration, stream, args.tokens, clips, spy, prof, texts))
                 print(json.dumps({k: v for k, v in levels[-1].items()}), flush=True)
         print(f"serving events: {studio.serving_events()}; state {studio.serving_state}")
         result = {"args": vars(args), "setup_s": setup, "warmup": report.__dict__, "levels": levels,
