@@ -155,6 +155,8 @@ def main() -> int:
     p.add_argument("--tokens", type=int, default=200)
     p.add_argument("--mode", choices=("stream", "whole", "both"), default="stream")
     p.add_argument("--langs", default="zh,en,ja", help="text languages, taken in turn")
+    p.add_argument("--convs", default="auto", help="EngineSettings.conv_backend: auto, cudnn, native")
+    p.add_argument("--context", type=int, default=2048, help="EngineSettings.scheduler_context")
     p.add_argument("--clips", type=int, default=256, help="distinct client clips (the reference cache misses)")
     p.add_argument("--pyspy", default=None, help="py-spy binary: sample the GIL holder during one level")
     p.add_argument("--pyspy-level", type=int, default=8, help="the client count sampled by --pyspy")
@@ -173,7 +175,8 @@ def main() -> int:
     try:
         t0 = time.perf_counter()
         config = args.config or str(make_test_weights(work, args.version, full_size=args.full_size))
-        studio = Studio.from_config(config, device=args.device, precision=args.precision, settings=EngineSettings())
+        studio = Studio.from_config(config, device=args.device, precision=args.precision, settings=EngineSettings(
+            conv_backend=args.convs, scheduler_context=args.context))
         studio.readiness = Readiness()
         langs = tuple(args.langs.split(","))
         texts = tuple(t for t in TEXTS if t[0] in langs)

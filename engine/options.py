@@ -254,8 +254,13 @@ class EngineSettings:
     scheduler_slots: int = 0  # requests decoded at once; 0: from free device memory (CPU: 8)
     scheduler_queue: int = 64  # requests waiting for a slot; one more is refused with BusyError (HTTP 503)
     scheduler_context: int = 2048  # positions per slot: phones + prompt tokens + generated tokens
+    # convolutions of the acoustic stages and reference preparation (engine.runtime.conv_backend): "auto"
+    # (PyTorch's own on CUDA: no cuDNN plan per new length), "cudnn", "native"
+    conv_backend: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.conv_backend not in ("auto", "cudnn", "native"):
+            raise OptionsError(f"conv_backend must be auto, cudnn or native, got {self.conv_backend!r}")
         if not isinstance(self.scheduler, bool):
             raise OptionsError(f"scheduler must be true or false, got {self.scheduler!r}")
         if not _is_int(self.scheduler_context) or self.scheduler_context < 64:

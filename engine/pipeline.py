@@ -63,7 +63,7 @@ from engine.options import (
 from engine.readiness import Readiness
 from engine.reference import ReferenceRules, read_reference, reference_features
 from engine.reference_cache import ReferenceCache, ReferenceKey, sha256_bytes
-from engine.runtime import DeviceFallback, Runtime, resolve_runtime
+from engine.runtime import DeviceFallback, Runtime, conv_backend, resolve_runtime
 from engine.serving.requests import Piece
 from engine.t2s.decoding import (
     SamplingParams,
@@ -298,7 +298,7 @@ class VoiceCloner:
                  reference_rules: ReferenceRules = ReferenceRules(),
                  max_text_chars: int = EngineSettings.max_text_chars, scheduler=None,
                  fallback: DeviceFallback | None = None, reopen: Callable[[], Any] | None = None,
-                 gate=None) -> None:
+                 gate=None, conv_backend: str = "auto") -> None:
         from engine.text.frontend import TextFrontend
 
         self.scheduler = scheduler  # engine.serving.Scheduler of these models; None: the official flow
@@ -310,6 +310,7 @@ class VoiceCloner:
         self.fallback = fallback  # runs stages MPS cannot on the CPU (None: every stage on the models' device)
         # engine.serving.gate.DeviceGate of the engine: device work here waits while a CUDA graph is captured
         self._gate = gate
+        self._convs = conv_backend  # engine.runtime.conv_backend of reference preparation (new lengths each clip)
         self.frontend = TextFrontend("v1" if models.version == "v1" else "v2", bert=models.bert)
 
     def _device_work(self):
@@ -345,7 +346,7 @@ class VoiceCloner:
         return self.cache.get_or_create(key, lambda: self._build_reference(main, aux, prompt_text, reference.language))
 
     def _build_reference(self, main: bytes, aux: tuple[bytes, ...], prompt_text: str, lang: str) -> PreparedReference:
-        with self._device_work():
+        with self._device_work(), conv_backend(self.models.device, self._convs):
             return self._build_reference_now(main, aux, prompt_text, lang)
 
     @staticmethod
@@ -795,7 +796,8 @@ class Studio:
             self._default_models = weakref.ref(models)
         cloner = VoiceCloner(models, self.references, self.reference_rules, self.settings.max_text_chars,
                              scheduler=self.scheduler(models) if self.settings.scheduler else None,
-                             fallback=self.fallback, reopen=lambda: self.scheduler(models), gate=self.gate)
+                             fallback=self.fallback, reopen=lambda: self.scheduler(models), gate=self.gate,
+                             conv_backend=self.settings.conv_backend)
         if self.settings.warmup:
             with self._lock:
                 first = models.id not in self._warmed
@@ -877,7 +879,7 @@ class Studio:
             if sched is None or sched.models.t2s is not models.t2s:  # reloaded weights: a new scheduler
                 s = self.settings
                 sched = Scheduler(models, SchedulerConfig(slots=s.scheduler_slots, queue=s.scheduler_queue,
-                                                          context=s.scheduler_context),
+                                                          context=s.scheduler_context, conv_backend=s.conv_backend),
                                   gate=self.gate, on_event=self._count)
                 old = self._schedulers.pop(models.id, None)
                 if old is not None:

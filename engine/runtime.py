@@ -12,6 +12,7 @@ weight-free function. docs/apple-silicon.md lists the operators GPT-SoVITS has h
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import logging
@@ -230,6 +231,23 @@ T = TypeVar("T")
 _MISSING_PHRASES = ("not implemented for", "not currently implemented", "is not supported on mps",
                     "not supported at the mps device", "not supported on the mps", "for mps does not support",
                     "to the mps backend but it does not have support", "mpsgraph does not support")
+
+
+CONV_BACKENDS = ("auto", "cudnn", "native")
+
+
+def conv_backend(device: torch.device, choice: str = "auto"):
+    """The convolution backend of the acoustic stages, as a context manager (thread-local in PyTorch).
+
+    On CUDA every streaming chunk, sentence and reference clip has a new length, and cuDNN builds an
+    execution plan for every new shape (milliseconds per convolution: tens of milliseconds per decode).
+    "native" turns cuDNN off for the section: PyTorch's own im2col + cuBLAS convolutions need no per-shape
+    plan. "auto" is "native" on CUDA; elsewhere nothing changes."""
+    if choice not in CONV_BACKENDS:
+        raise ValueError(f"conv backend must be one of {', '.join(CONV_BACKENDS)}, got {choice!r}")
+    if device.type == "cuda" and choice in ("auto", "native"):
+        return torch.backends.cudnn.flags(enabled=False)
+    return contextlib.nullcontext()
 
 
 def is_missing_operator(err: BaseException) -> bool:

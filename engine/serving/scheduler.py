@@ -31,6 +31,7 @@ import torch
 
 from engine.acoustic.streaming import ChunkTracker
 from engine.errors import BusyError, EngineError
+from engine.runtime import conv_backend
 from engine.serving.gate import DeviceGate
 from engine.serving.requests import Piece, Request
 from engine.serving.sampling import stream_key
@@ -71,6 +72,7 @@ class SchedulerConfig:
     queue: int = 64  # requests waiting for a slot; one more gets BusyError
     context: int = 2048  # positions per slot: prefix (phones + prompt tokens) + generated tokens
     memory_fraction: float = 0.5  # auto slots: this share of the free device memory goes to the KV cache
+    conv_backend: str = "auto"  # the acoustic stage's convolutions (engine.runtime.conv_backend)
 
 
 @dataclass
@@ -554,7 +556,7 @@ class Scheduler:
                 return
             taken, pending = _round(pending)
             t0 = time.perf_counter()
-            with self.gate.work():
+            with self.gate.work(), conv_backend(self.models.device, self.config.conv_backend):
                 if stream is not None:
                     with torch.cuda.stream(stream):
                         self._acoustic_round(taken)

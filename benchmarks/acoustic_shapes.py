@@ -1,0 +1,113 @@
+"""What a streaming chunk's SoVITS decode costs when every call has a new length (as in serving: each chunk
+re-encodes its sentence so far, and every sentence is another length), by convolution backend:
+
+* ``cudnn``: PyTorch's default (cuDNN picks and builds an execution plan for every new shape);
+* ``native``: cuDNN off for the call (PyTorch's own im2col + cuBLAS convolutions: no per-shape plan);
+* ``cudnn-same``: cuDNN on one repeated shape (the plans cached: what a benchmark of one shape sees).
+
+Prints the median milliseconds per call, single and batched, and the largest difference between the
+backends' audio (float32 and the chosen precision).
+
+    python benchmarks/acoustic_shapes.py --device cuda --precision fp16 --calls 30
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def load(version: str, device: str, precision: str, root: Path):
+    from engine.loading.sovits import load_sovits
+    from engine.runtime import resolve_runtime
+    from engine.testweights.sovits import write_sovits
+
+    path = root / f"sovits_{version}.pth"
+    if not path.exists():
+        write_sovits(path, version, True)
+    rt = resolve_runtime(device, precision)
+    loaded = load_sovits(path, rt.device, rt.dtype_for("sovits"))
+    return loaded.module.to(rt.device, rt.dtype_for("sovits")).eval()
+
+
+def backend(name: str):
+    return torch.backends.cudnn.flags(enabled=False) if name == "native" else contextlib.nullcontext()
+
+
+def rows_for(sovits, lengths: list[int], seed: int) -> list[dict]:
+    from engine.acoustic.streaming import decode_streaming_batch  # noqa: F401 - the row layout it takes
+
+    dev, dt = next(sovits.parameters()).device, next(sovits.parameters()).dtype
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for n in lengths:
+        gin = sovits.dims.gin_channels
+        out.append({"codes": torch.randint(0, 1024, (n,), generator=g).to(dev),
+                    "text": torch.randint(1, 300, (max(8, n // 3),), generator=g).to(dev),
+                    "ge": torch.randn(1, gin, 1, generator=g).to(dev, dt), "result_length": 20,
+                    "overlap_frames": None, "generator": torch.Generator(device=dev).manual_seed(seed + n)})
+    return out
+
+
+def timed(fn, sync) -> float:
+    sync()
+    t0 = time.perf_counter()
+    fn()
+    sync()
+    return (time.perf_counter() - t0) * 1000
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", default="v2ProPlus")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--precision", default="fp16")
+    p.add_argument("--calls", type=int, default=30)
+    p.add_argument("--batches", default="1,8,32")
+    args = p.parse_args()
+    from engine.acoustic.streaming import decode_streaming_batch
+
+    root = Path(tempfile.mkdtemp(prefix="acoustic-shapes-"))
+    sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
+    results = {}
+    for precision in (args.precision, "fp32"):
+        sovits = load(args.version, args.device, precision, root)
+        with torch.inference_mode():
+            for b in (int(x) for x in args.batches.split(",")):
+                for name in ("cudnn", "native", "cudnn-same"):
+                    times = []
+                    for call in range(args.calls + 2):
+                        base = 40 + 13 * call if name != "cudnn-same" else 200
+                        lengths = [base + 7 * i for i in range(b)] if name != "cudnn-same" else [200] * b
+                        rows = rows_for(sovits, lengths, call)
+                        with backend(name):
+                            ms = timed(lambda: decode_streaming_batch(sovits, rows), sync)
+                        if call >= 2:
+                            times.append(ms)
+                    results[(precision, b, name)] = statistics.median(times)
+                    print(f"{precision} batch {b:3d} {name:10s} {statistics.median(times):8.2f} ms/call "
+                          f"(min {min(times):.2f})", flush=True)
+                rows = rows_for(sovits, [137 + 5 * i for i in range(b)], 99)
+                outs = {}
+                for name in ("cudnn", "native"):
+                    for r in rows:
+                        r["generator"].manual_seed(7)
+                    with backend(name):
+                        outs[name] = decode_streaming_batch(sovits, rows)
+                diff = max(float((a[0].float() - c[0].float()).abs().max()) for a, c in zip(outs["cudnn"], outs["native"]))
+                print(f"{precision} batch {b:3d} max |cudnn - native| audio difference {diff:.3g}", flush=True)
+        del sovits
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
