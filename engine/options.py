@@ -254,8 +254,8 @@ class EngineSettings:
     scheduler_slots: int = 0  # requests decoded at once; 0: from free device memory (CPU: 8)
     scheduler_queue: int = 64  # requests waiting for a slot; one more is refused with BusyError (HTTP 503)
     scheduler_context: int = 2048  # positions per slot: phones + prompt tokens + generated tokens
-    # convolutions of the acoustic stages and reference preparation (engine.runtime.conv_backend): "auto"
-    # (PyTorch's own on CUDA: no cuDNN plan per new length), "cudnn", "native"
+    # convolutions of the acoustic stages and reference preparation (engine.runtime.conv_backend): "auto" /
+    # "cudnn" (cuDNN on CUDA), "native" (PyTorch's own: no cuDNN plan per new length, slower in batches)
     conv_backend: str = "auto"
 
     def __post_init__(self) -> None:

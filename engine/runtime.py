@@ -237,15 +237,17 @@ CONV_BACKENDS = ("auto", "cudnn", "native")
 
 
 def conv_backend(device: torch.device, choice: str = "auto"):
-    """The convolution backend of the acoustic stages, as a context manager (thread-local in PyTorch).
+    """The convolution backend of the acoustic stages and reference preparation, as a context manager
+    (thread-local in PyTorch): "auto" and "cudnn" leave PyTorch's choice (cuDNN on CUDA); "native" turns
+    cuDNN off for the section, so PyTorch's own im2col + cuBLAS convolutions run.
 
-    On CUDA every streaming chunk, sentence and reference clip has a new length, and cuDNN builds an
-    execution plan for every new shape (milliseconds per convolution: tens of milliseconds per decode).
-    "native" turns cuDNN off for the section: PyTorch's own im2col + cuBLAS convolutions need no per-shape
-    plan. "auto" is "native" on CUDA; elsewhere nothing changes."""
+    Measured on an H200 (benchmarks/acoustic_shapes.py, docs/benchmarks.md): every streaming chunk, sentence
+    and clip has a new length, and cuDNN builds an execution plan for each new shape (about 55 ms of a 100 ms
+    chunk decode at batch 1); "native" needs no plan and is a little faster at batch 1, but 5-16x slower for
+    batched chunks, so "auto" keeps cuDNN."""
     if choice not in CONV_BACKENDS:
         raise ValueError(f"conv backend must be one of {', '.join(CONV_BACKENDS)}, got {choice!r}")
-    if device.type == "cuda" and choice in ("auto", "native"):
+    if device.type == "cuda" and choice == "native":
         return torch.backends.cudnn.flags(enabled=False)
     return contextlib.nullcontext()
 
