@@ -148,3 +148,20 @@ def test_config_device_missing_falls_back_but_command_line_device_must_exist() -
     assert rt.dtype_for("t2s") == torch.float32 and notice == ""
     with pytest.raises(DeviceUnavailableError):
         runtime_for_config("cpu", False, override_device="cuda", probe=CPU_ONLY)
+
+
+def test_conv_backend_turns_cudnn_off_only_when_native_is_chosen_on_cuda() -> None:
+    import pytest
+    import torch
+
+    from engine.runtime import conv_backend
+
+    assert torch.backends.cudnn.enabled
+    with conv_backend(torch.device("cuda"), "native"):
+        assert not torch.backends.cudnn.enabled
+    assert torch.backends.cudnn.enabled
+    for device, choice in ((torch.device("cuda"), "auto"), (torch.device("cuda"), "cudnn"), (torch.device("cpu"), "native")):
+        with conv_backend(device, choice):
+            assert torch.backends.cudnn.enabled
+    with pytest.raises(ValueError, match="conv backend"):
+        conv_backend(torch.device("cpu"), "fast")
