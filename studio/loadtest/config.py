@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from engine.errors import OptionsError
+from studio.loadtest.errors import LoadTestError
 
 if TYPE_CHECKING:
     from studio.loadtest.mix import MixWorkload
@@ -17,10 +17,7 @@ REF_TEXT = "今天天气很好，我们一起去公园散步吧。"
 TEXT = "这是一个用于测试语音合成速度的句子。我们希望它听起来自然流畅，并且速度足够快。"
 ENDPOINTS = {"tts": "/tts", "speech": "/v1/audio/speech"}
 VOICE_PREFIX = "loadtest-"  # a voice saved for the run (and deleted after it) when none is named
-
-
-class LoadTestError(OptionsError):
-    """The load test cannot run as asked (bad settings, server unreachable)."""
+__all__ = ["ENDPOINTS", "REF_TEXT", "TEXT", "VOICE_PREFIX", "LoadConfig", "LoadTestError"]
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import wave
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from studio.loadtest.config import LoadTestError
+from studio.loadtest.errors import LoadTestError
 
 # A medium sentence or two per language, for the real text front end (numbers, punctuation, mixed case).
 TEXTS: dict[str, str] = {
