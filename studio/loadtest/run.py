@@ -306,7 +306,7 @@ def raise_open_files_limit(needed: int) -> dict[str, int]:
 
 
 async def _run(cfg: LoadConfig, log: Callable[[str], None],
-               on_level: Callable[[dict[str, Any]], None] | None) -> dict[str, Any]:
+               on_level: Callable[[dict[str, Any]], bool | None] | None) -> dict[str, Any]:
     target = Target.parse(cfg.url)
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     files = raise_open_files_limit(max(cfg.clients) + 256)
@@ -336,8 +336,9 @@ async def _run(cfg: LoadConfig, log: Callable[[str], None],
             levels.append(await run_level(cfg, target, work, clients, memory, serial))
             serial += clients
             log(format_level(levels[-1]))
-            if on_level is not None:
-                on_level(levels[-1])
+            if on_level is not None and on_level(levels[-1]) is False:
+                log(f"sweep stopped after {clients} clients")
+                break
     finally:
         if voice is not None and voice != cfg.voice:
             await simple(target, Request("DELETE", f"/v1/voices/{voice}"))
@@ -362,7 +363,8 @@ def _workload(cfg: LoadConfig) -> dict[str, Any]:
 
 
 def run_load(cfg: LoadConfig, log: Callable[[str], None] = lambda s: None,
-             on_level: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+             on_level: Callable[[dict[str, Any]], bool | None] | None = None) -> dict[str, Any]:
     """Run every level of ``cfg`` against its server; the report (JSON-ready). ``on_level`` gets each
-    level's figures as soon as it ends (to keep partial results of a long sweep)."""
+    level's figures as soon as it ends (to keep partial results of a long sweep); returning False
+    stops the sweep there."""
     return asyncio.run(_run(cfg, log, on_level))
