@@ -41,6 +41,7 @@ from studio.loadtest.report import (BREAKDOWN_COLUMNS, MIX_COLUMNS, breakdown_ro
 from studio.loadtest.run import raise_open_files_limit  # noqa: E402
 
 REF_DIRS = (".gpu/refset", "../shared/refset")  # the carried copy on the GPU machine, the shared one here
+MAX_RECORDS = 20000  # per-request records kept per level in the JSON (it must come back: 16 MB a file)
 
 
 def _ints(value: str) -> tuple[int, ...]:
@@ -225,6 +226,19 @@ def stop_server(run: Run, server: subprocess.Popen) -> None:
             server.kill()
             server.wait(timeout=10)
     run.log(f"server stopped ({server.returncode})")
+    trim_log(run.out / "server.log")
+
+
+def trim_log(path: Path, keep_head: int = 1 << 20, keep_tail: int = 6 << 20) -> None:
+    """Keep a log small enough to come back from the device machine (16 MB a file): its head and tail."""
+    size = path.stat().st_size if path.exists() else 0
+    if size <= keep_head + keep_tail:
+        return
+    with open(path, "rb") as f:
+        head = f.read(keep_head)
+        f.seek(size - keep_tail)
+        tail = f.read()
+    path.write_bytes(head + f"\n[... {size - keep_head - keep_tail} bytes cut ...]\n".encode() + tail)
 
 
 def server_phase(run: Run, mix) -> None:
@@ -243,6 +257,10 @@ def server_phase(run: Run, mix) -> None:
         level_cost = args.duration + args.timeout
 
         def on_level(level: dict[str, Any]) -> bool:
+            if len(level["streams"]) > MAX_RECORDS:  # the figures are over all; the JSON keeps a sample
+                run.note(f"{level['clients']} clients: the report keeps the first {MAX_RECORDS} of "
+                         f"{len(level['streams'])} per-request records")
+                level["streams"] = level["streams"][:MAX_RECORDS]
             run.report.setdefault("levels", []).append(level)
             run.save()
             if run.left() < level_cost + 60:  # 60 s: the check after the levels and the shutdown

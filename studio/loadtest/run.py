@@ -184,7 +184,9 @@ class MixRequests:
 
 
 Workload = FixedRequests | MixRequests
-_CONNECTION_PAUSE_S = 0.05  # after a connection error a client waits this long (no busy loop of refusals)
+# a client that was refused or could not connect waits a moment before its next request (a closed loop
+# would otherwise spin, sending thousands of requests a second that are answered at once)
+_PAUSE_AFTER_S = {"connection": 0.05, "503": 0.25, "429": 0.25}
 
 
 async def _closed_loop(cfg: LoadConfig, target: Target, work: Workload, clients: int, first_serial: int,
@@ -200,8 +202,8 @@ async def _closed_loop(cfg: LoadConfig, target: Target, work: Workload, clients:
             request, tag = work.next(serial)
             record = await timed_stream(target, request, time.perf_counter(), cfg.timeout_s, tag)
             records.append(record)
-            if record.error == "connection":
-                await asyncio.sleep(_CONNECTION_PAUSE_S)
+            if record.error in _PAUSE_AFTER_S:
+                await asyncio.sleep(_PAUSE_AFTER_S[record.error])
 
     await asyncio.gather(*(client(first_serial + i) for i in range(clients)))
 
