@@ -118,17 +118,21 @@ def build_models_dir(weights: Path, folder: Path) -> dict[str, str]:
     en = g2p / "en"
     (en / "g2p_en").mkdir(parents=True)
     (en / "nltk").mkdir()
-    # CMUdict 0.7b (56 comment lines, then "WORD  PHONES", as the official cmudict.rep it reads from line 57)
-    cmu = (_package_dir("pronouncing") / "cmudict-0.7b").read_bytes().decode("latin-1")
-    (en / "cmudict.rep").write_text(cmu, encoding="utf-8")
-    (en / "cmudict-fast.rep").write_text("", encoding="utf-8")  # the official's extra words: none here
-    (en / "engdict-hot.rep").write_text("", encoding="utf-8")
-    g2p_en = _package_dir("g2p_en")
-    for name in ("checkpoint20.npz", "homographs.en"):
-        (en / "g2p_en" / name).symlink_to(g2p_en / name)
-    return {"zh": "opencpop table of engine/data/frontend_constants.json",
-            "en": "CMUdict 0.7b of pronouncing (no cmudict-fast / hot words); g2p_en checkpoint and homographs",
-            "ja": "pyopenjtalk with OPEN_JTALK_DICT_DIR"}
+    try:
+        # CMUdict 0.7b (56 comment lines, then "WORD  PHONES", as the official cmudict.rep it reads from line 57)
+        cmu = (_package_dir("pronouncing") / "cmudict-0.7b").read_bytes().decode("latin-1")
+        g2p_en = _package_dir("g2p_en")
+    except Unavailable as e:
+        english = f"none: {e}"
+    else:
+        (en / "cmudict.rep").write_text(cmu, encoding="utf-8")
+        (en / "cmudict-fast.rep").write_text("", encoding="utf-8")  # the official's extra words: none here
+        (en / "engdict-hot.rep").write_text("", encoding="utf-8")
+        for name in ("checkpoint20.npz", "homographs.en"):
+            (en / "g2p_en" / name).symlink_to(g2p_en / name)
+        english = "CMUdict 0.7b of pronouncing (no cmudict-fast / hot words); g2p_en checkpoint and homographs"
+    return {"zh": "opencpop table of engine/data/frontend_constants.json", "en": english,
+            "ja": "pyopenjtalk with OPEN_JTALK_DICT_DIR (engine/text/openjtalk_dic)"}
 
 
 # ---- the runs -------------------------------------------------------------------------------------
