@@ -279,7 +279,11 @@ def run(args: argparse.Namespace, report: dict[str, Any], save) -> None:
     report["excluded_languages"] = excluded
     keep = [lang for lang, _ in mix.texts if lang not in excluded]
     if not keep:
-        raise Unavailable("no language runs in gsv-tts-lite here: " + "; ".join(f"{k}: {v}" for k, v in excluded.items()))
+        by_reason: dict[str, list[str]] = {}
+        for lang, why in excluded.items():
+            by_reason.setdefault(why, []).append(lang)
+        raise Unavailable("no language runs in gsv-tts-lite here: "
+                          + "; ".join(f"{', '.join(langs)}: {why}" for why, langs in by_reason.items()))
     mix = MixWorkload(tuple(c for c in mix.clips if c.language in keep),
                       tuple((lang, text) for lang, text in mix.texts if lang in keep), (2,), mix.source)
     batch_mix = MixWorkload(mix.clips, mix.texts, (0,), mix.source)

@@ -376,7 +376,7 @@ def markdown(report: dict[str, Any]) -> str:
             for note in gsv.get("notes", []):
                 lines.append(f"- {note}")
         else:
-            lines.append(f"Not run: {gsv.get('reason')}")
+            lines.append("Not run: " + " ".join(str(gsv.get("reason")).split()))
     if report["notes"]:
         lines += ["", "Notes:", ""] + [f"- {n}" for n in report["notes"]]
     return "\n".join(lines) + "\n"
