@@ -150,7 +150,7 @@ class FixedRequests:
     def __init__(self, request: Request) -> None:
         self.request = request
 
-    def start_level(self) -> None:
+    def start_level(self, serials: range) -> None:
         pass
 
     def next(self, serial: int) -> tuple[Request, str | None]:
@@ -166,9 +166,10 @@ class MixRequests:
         self.sent = 0
         self._clips: dict[int, tuple[Any, bytes]] = {}  # this level's clients' clips (dropped per level)
 
-    def start_level(self) -> None:
+    def start_level(self, serials: range) -> None:
+        """A new level of clients ``serials``: their clips are made now, before any clock starts."""
         self.sent = 0
-        self._clips.clear()
+        self._clips = {serial: self.mix.clip(serial) for serial in serials}
 
     def next(self, serial: int) -> tuple[Request, str | None]:
         job = self.mix.job(self.sent)
@@ -266,7 +267,7 @@ async def run_level(cfg: LoadConfig, target: Target, work: Workload, clients: in
     ``clients`` in flight, until the duration or request budget is spent and every request ended.
     Clients are numbered from ``first_serial`` (the mix gives each number its own clip)."""
     records: list[StreamRecord] = []
-    work.start_level()
+    work.start_level(range(first_serial, first_serial + clients))
     start = time.perf_counter()
     deadline = start + cfg.duration_s if cfg.duration_s is not None else math.inf
     cpu0 = time.process_time()
