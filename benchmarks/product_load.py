@@ -356,6 +356,7 @@ def markdown(report: dict[str, Any]) -> str:
     if report.get("levels"):
         lines += ["#### sovits-studio serve, over HTTP (`loadtest --mix`)", ""]
         lines += render_table(MIX_COLUMNS, mix_rows(report["levels"]), markdown=True)
+        lines += ["", mean_audio(report["levels"])]
         lines += ["", "Per mode and language:", ""]
         lines += render_table(BREAKDOWN_COLUMNS, breakdown_rows(report["levels"]), markdown=True)
         after = report.get("after")
@@ -369,10 +370,11 @@ def markdown(report: dict[str, Any]) -> str:
         lines += ["", "#### gsv-tts-lite on the same weights, texts and clips (in process)", ""]
         if gsv.get("ran"):
             lines += [gsv.get("how", ""), ""]
-            for api in ("stream", "batch"):
+            for api in ("batch", "stream"):
                 levels = gsv.get(api) or []
                 if levels:
-                    lines += [f"{api} API:", ""] + render_table(MIX_COLUMNS, mix_rows(levels), markdown=True) + [""]
+                    lines += [f"{api} API:", ""] + render_table(MIX_COLUMNS, mix_rows(levels), markdown=True)
+                    lines += ["", mean_audio(levels), ""]
             for note in gsv.get("notes", []):
                 lines.append(f"- {note}")
         else:
@@ -380,6 +382,12 @@ def markdown(report: dict[str, Any]) -> str:
     if report["notes"]:
         lines += ["", "Notes:", ""] + [f"- {n}" for n in report["notes"]]
     return "\n".join(lines) + "\n"
+
+
+def mean_audio(levels: list[dict[str, Any]]) -> str:
+    """Audio seconds per completed request, per level (random weights: set by the token cap)."""
+    parts = [f"{lv['clients']}: {lv['audio_s'] / lv['completed']:.1f} s" for lv in levels if lv["completed"]]
+    return "Mean audio per completed request (clients: seconds): " + (", ".join(parts) or "-") + "."
 
 
 def _flags(settings: dict[str, Any]) -> list[str]:
