@@ -28,6 +28,23 @@ def _field(value: str) -> tuple[str, object]:
         return name, raw
 
 
+def _names(value: str) -> tuple[str, ...]:
+    names = tuple(v.strip() for v in value.split(",") if v.strip())
+    if not names:
+        raise argparse.ArgumentTypeError(f"{value!r}: give language codes, comma-separated (e.g. zh,en,ja)")
+    return names
+
+
+def _modes(value: str) -> tuple[int, ...]:
+    try:
+        modes = tuple(int(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        modes = ()
+    if not modes or any(m not in (0, 1, 2, 3) for m in modes):
+        raise argparse.ArgumentTypeError(f"{value!r}: give api_v2 streaming modes 0-3, comma-separated (e.g. 2,0)")
+    return modes
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", default="http://127.0.0.1:9880", help="the server (default http://127.0.0.1:9880)")
     parser.add_argument("--endpoint", choices=("tts", "speech"), default="tts",
@@ -61,6 +78,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     work.add_argument("--seed", type=int, default=1)
     work.add_argument("--field", type=_field, action="append", default=[], metavar="NAME=VALUE",
                       help="another request field (repeatable), e.g. --field top_k=5 --field parallel_infer=false")
+    mix = parser.add_argument_group("product workload (--mix): what a shared demo or an API deployment sees")
+    mix.add_argument("--mix", action="store_true",
+                     help="each client uploads its own clip (a --ref-dir clip made unique per client), requests "
+                          "rotate through Mandarin, English and Japanese texts and through streamed and whole-file "
+                          "answers; the report breaks the figures down per mode and language")
+    mix.add_argument("--ref-dir", default=None, metavar="DIR",
+                     help="folder of WAV clips with a manifest.json (clips: file, text, language) "
+                          "(default ../shared/refset)")
+    mix.add_argument("--mix-languages", type=_names, default=None, metavar="LANG[,LANG...]",
+                     help="languages to rotate through (default zh,en,ja)")
+    mix.add_argument("--mix-modes", type=_modes, default=(2, 0), metavar="MODE[,MODE...]",
+                     help="streaming modes to rotate through (default 2,0: token-chunk streams and whole files)")
     out = parser.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print the report as JSON instead of the table")
     out.add_argument("--markdown", action="store_true", help="print the table as Markdown")
@@ -78,6 +107,16 @@ def run(args: argparse.Namespace) -> int:
         except OSError as e:
             raise LoadTestError(f"{flag}: cannot read {path} ({e.strerror or e})") from None
 
+    mix = None
+    if args.mix:
+        from studio.loadtest.mix import DEFAULT_REF_DIR, load_mix
+
+        if args.text or args.ref or args.ref_path or args.prompt_text is not None or args.endpoint != "tts":
+            raise LoadTestError("--mix brings its own texts and a clip per client: drop --text, --ref, --ref-path, "
+                                "--prompt-text and --endpoint speech (or drop --mix)")
+        mix = load_mix(args.ref_dir or DEFAULT_REF_DIR, args.mix_languages, args.mix_modes)
+    elif args.ref_dir or args.mix_languages:
+        raise LoadTestError("--ref-dir and --mix-languages belong to the product workload: add --mix")
     text = args.text or TEXT
     text = read(text[1:], "--text").decode("utf-8") if text.startswith("@") else text
     ref_audio = read(args.ref, "--ref") if args.ref else None
@@ -87,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
                      text=text, text_lang=args.text_lang, streaming_mode=args.streaming_mode,
                      ref_audio=ref_audio, ref_path=args.ref_path,
                      prompt_text=args.prompt_text if args.prompt_text is not None else REF_TEXT,
-                     prompt_lang=args.prompt_lang, voice=args.voice, seed=args.seed, fields=tuple(args.field))
+                     prompt_lang=args.prompt_lang, voice=args.voice, seed=args.seed, fields=tuple(args.field), mix=mix)
     report = run_load(cfg, log=lambda s: print(s, file=sys.stderr, flush=True))
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2, ensure_ascii=False), encoding="utf-8")

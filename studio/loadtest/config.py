@@ -4,20 +4,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from engine.errors import OptionsError
+from studio.loadtest.errors import LoadTestError
+
+if TYPE_CHECKING:
+    from studio.loadtest.mix import MixWorkload
 
 # The bench's workload (engine.benchmark REF_TEXT and TEXTS["medium"]), so both report the same work.
 REF_TEXT = "今天天气很好，我们一起去公园散步吧。"
 TEXT = "这是一个用于测试语音合成速度的句子。我们希望它听起来自然流畅，并且速度足够快。"
 ENDPOINTS = {"tts": "/tts", "speech": "/v1/audio/speech"}
 VOICE_PREFIX = "loadtest-"  # a voice saved for the run (and deleted after it) when none is named
-
-
-class LoadTestError(OptionsError):
-    """The load test cannot run as asked (bad settings, server unreachable)."""
+__all__ = ["ENDPOINTS", "REF_TEXT", "TEXT", "VOICE_PREFIX", "LoadConfig", "LoadTestError"]
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,7 @@ class LoadConfig:
     seed: int = 1
     fields: tuple[tuple[str, Any], ...] = ()  # more request fields (name, value), e.g. ("top_k", 5)
     memory_interval_s: float = 1.0  # /metrics scrape period while a level runs
+    mix: MixWorkload | None = None  # the product workload (studio.loadtest.mix): replaces text, mode and clip
 
     def __post_init__(self) -> None:
         if self.endpoint not in ENDPOINTS:
@@ -63,6 +64,11 @@ class LoadConfig:
             raise LoadTestError(f"streaming_mode: {self.streaming_mode!r} is not one of 0, 1, 2, 3")
         if self.warmup < 0:
             raise LoadTestError(f"warmup: must be >= 0, got {self.warmup!r}")
+        if self.mix is not None and self.endpoint != "tts":
+            raise LoadTestError("mix: the product workload uploads a clip per client, which only /tts takes; "
+                                "drop --endpoint speech")
+        if self.mix is not None and (self.ref_path is not None or self.ref_audio is not None):
+            raise LoadTestError("mix: each client uploads its own clip from --ref-dir; drop --ref / --ref-path")
         split = urlsplit(self.url)
         try:
             split.port  # noqa: B018 - raises on a port that is not a number in range

@@ -12,7 +12,11 @@ def _fmt(value: float | None, spec: str = ".3f") -> str:
 
 
 def format_level(level: dict[str, Any]) -> str:
-    return f"{level['clients']} clients: {format_summary(level)}"
+    line = f"{level['clients']} clients: {format_summary(level)}"
+    if level.get("whole_file_s"):
+        w = level["whole_file_s"]
+        line += f"; whole files p50 {w['p50']:.3f} s, p95 {w['p95']:.3f} s"
+    return line
 
 
 TABLE_COLUMNS = ("clients", "requests", "ok", "errors", "first chunk p50 / p95 / p99 (s)",
@@ -35,16 +39,64 @@ def table_rows(report: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
-def format_table(report: dict[str, Any], markdown: bool = False) -> str:
-    """The levels as a text table (or a Markdown one, for docs/benchmarks.md)."""
-    rows = table_rows(report)
+MIX_COLUMNS = ("clients", "ok / sent", "errors", "stream first chunk p50 / p95 (s)",
+               "slowest stream (x real time)", "streams below real time", "whole file p50 / p95 (s)", "audio s/s")
+BREAKDOWN_COLUMNS = ("clients", "mode / language", "ok / sent", "errors", "first chunk p50 / p95 (s)",
+                     "speed min / p50 (x real time)", "latency p50 / p95 (s)", "audio s/s")
+
+
+def _errors(errors: dict[str, int]) -> str:
+    return ", ".join(f"{k}: {v}" for k, v in errors.items()) or "0"
+
+
+def _pair(spread: dict[str, Any] | None, a: str = "p50", b: str = "p95", spec: str = ".2f") -> str:
+    spread = spread or {}
+    return f"{_fmt(spread.get(a), spec)} / {_fmt(spread.get(b), spec)}"
+
+
+def mix_rows(levels: list[dict[str, Any]]) -> list[list[str]]:
+    """One row per level of a mixed run (first chunk and speed over the streams only)."""
+    rows = []
+    for lv in levels:
+        sp = lv.get("stream_speed") or {}
+        streams = lv.get("stream_requests") or {}
+        below = sp.get("below_real_time")
+        rows.append([str(lv["clients"]), f"{lv['completed']} / {lv['requests']}", _errors(lv["errors"]),
+                     _pair(lv.get("first_chunk_s")), _fmt(sp.get("min"), ".2f"),
+                     "-" if below is None else f"{below} of {streams.get('completed', '?')}",
+                     _pair(lv.get("whole_file_s")), f"{lv['audio_s_per_s']:.1f}"])
+    return rows
+
+
+def breakdown_rows(levels: list[dict[str, Any]], group: str = "by_mode_language") -> list[list[str]]:
+    """One row per level and (mode, language) of a mixed run."""
+    rows = []
+    for lv in levels:
+        for key, s in (lv.get(group) or {}).items():
+            rows.append([str(lv["clients"]), key, f"{s['completed']} / {s['requests']}", _errors(s["errors"]),
+                         _pair(s.get("first_chunk_s")), _pair(s.get("stream_speed"), "min", "p50"),
+                         _pair(s.get("latency_s")), f"{s['audio_s_per_s']:.1f}"])
+    return rows
+
+
+def render_table(columns: tuple[str, ...] | list[str], rows: list[list[str]], markdown: bool = False) -> list[str]:
     if markdown:
-        lines = ["| " + " | ".join(TABLE_COLUMNS) + " |", "|" + "|".join("---" for _ in TABLE_COLUMNS) + "|"]
-        lines += ["| " + " | ".join(r) + " |" for r in rows]
+        lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+        return lines + ["| " + " | ".join(r) + " |" for r in rows]
+    widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(columns)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    return [fmt.format(*columns).rstrip()] + [fmt.format(*r).rstrip() for r in rows]
+
+
+def format_table(report: dict[str, Any], markdown: bool = False) -> str:
+    """The levels as a text table (or a Markdown one, for docs/benchmarks.md); a mixed run adds its
+    breakdown per mode and language."""
+    if "mix" in report.get("workload", {}):
+        lines = render_table(MIX_COLUMNS, mix_rows(report["levels"]), markdown)
+        lines += ["", "per mode and language:"]
+        lines += render_table(BREAKDOWN_COLUMNS, breakdown_rows(report["levels"]), markdown)
     else:
-        widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(TABLE_COLUMNS)]
-        fmt = "  ".join(f"{{:<{w}}}" for w in widths)
-        lines = [fmt.format(*TABLE_COLUMNS).rstrip()] + [fmt.format(*r).rstrip() for r in rows]
+        lines = render_table(TABLE_COLUMNS, table_rows(report), markdown)
     note = report.get("server_memory_source", "")
     if note.startswith("n/a"):
         lines.append(f"server memory {note}")

@@ -283,3 +283,23 @@ def test_the_default_workload_is_the_bench_s() -> None:
     meter = WavMeter()
     meter.feed(clip)
     assert 3.0 <= meter.audio_s <= 10.0  # the length a reference must have
+
+
+def test_ci_size_product_mix_of_a_tiny_server(tiny_server, tmp_path, capsys) -> None:
+    """--mix through the real server: three languages through the text front end, a clip of its own per
+    client, streams and whole files; every (mode, language) pair answered."""
+    from tests.cli.test_loadtest_mix import CLIPS, tone
+
+    clips = []
+    for i, (name, (lang, text, rate)) in enumerate(CLIPS.items()):
+        (tmp_path / name).write_bytes(tone(rate, 3.5, 180 + 40 * i))  # 3-10 s, as references must be
+        clips.append({"file": name, "language": lang, "text": text})
+    (tmp_path / "manifest.json").write_text(json.dumps({"clips": clips}, ensure_ascii=False), encoding="utf-8")
+    assert main(["loadtest", "--url", tiny_server, "--mix", "--ref-dir", str(tmp_path), "--clients", "2",
+                 "--requests", "6", "--warmup", "0", "--json"]) == 0
+    level = json.loads(capsys.readouterr().out)["levels"][0]
+    assert level["errors"] == {} and level["completed"] == 6
+    assert sorted(level["by_mode_language"]) == sorted(f"{m}/{lang}" for m in ("stream", "whole file")
+                                                       for lang in ("zh", "en", "ja"))
+    assert all(s["audio_s"] > 0 and s["status"] == 200 for s in level["streams"])
+    assert level["first_chunk_s"]["p50"] > 0 and level["whole_file_s"]["p50"] > 0
