@@ -87,8 +87,9 @@ class Bench:
 
 
 def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    from engine.runtime import wait_for_device
+
+    wait_for_device(device, all_streams=True)  # MPS too: its work is queued like CUDA's
 
 
 def _measure(fn: Callable[[], Any], device: torch.device, repeats: int) -> dict[str, float]:
