@@ -98,12 +98,19 @@ ASSETS: dict[str, tuple[Asset, ...]] = {
     "v2ProPlus": (GPT_V3, _lj("v2Pro/s2Gv2ProPlus.pth", "v2ProPlus SoVITS", "66b313e39455b57ab1b0bc0b239c9d0a"),
                   SV),
 }
-G2PW = Asset(G2PW_REPO, "G2PWModel.zip", "GPT_SoVITS/text", "G2PW polyphone model (optional, Chinese)",
+G2PW = Asset(G2PW_REPO, "G2PWModel.zip", "GPT_SoVITS/text", "G2PW polyphone model (Mandarin, v2+)",
              unpack="GPT_SoVITS/text/G2PWModel", unpack_markers=("POLYPHONIC_CHARS.txt",))
 
 
-def assets_for(versions: Iterable[str], *, g2pw: bool = False) -> list[Asset]:
-    """Every file the given versions need (shared files once), in a stable order."""
+def wants_g2pw(versions: Iterable[str]) -> bool:
+    """G2PW by default: the official frontend reads v2+ Mandarin with it (chinese2.py, ``is_g2pw = True``)."""
+    return any(v != "v1" for v in versions)
+
+
+def assets_for(versions: Iterable[str], *, g2pw: bool | None = None) -> list[Asset]:
+    """Every file the given versions need (shared files once), in a stable order; ``g2pw`` None: with v2+."""
+    versions = list(versions)
+    g2pw = wants_g2pw(versions) if g2pw is None else g2pw
     chosen: list[Asset] = [*HUBERT, *ROBERTA]
     for version in versions:
         if version not in ASSETS:
@@ -180,10 +187,12 @@ def _hub():
     return huggingface_hub
 
 
-def check_command(versions: Iterable[str], root: str | os.PathLike, g2pw: bool = False) -> str:
+def check_command(versions: Iterable[str], root: str | os.PathLike, g2pw: bool | None = None) -> str:
     """The ``download --check`` command for these versions and root (what the CLI and the page both print)."""
-    return " ".join(["sovits-studio download", *(f"--version {v}" for v in dict.fromkeys(versions)),
-                     *(["--g2pw"] if g2pw else []), f"--root {root}", "--check"])
+    versions = list(dict.fromkeys(versions))
+    flag = [] if g2pw is None or g2pw == wants_g2pw(versions) else ["--g2pw" if g2pw else "--no-g2pw"]
+    return " ".join(["sovits-studio download", *(f"--version {v}" for v in versions), *flag, f"--root {root}",
+                     "--check"])
 
 
 def _hub_unreachable(timeout: float = 3.0) -> str:

@@ -13,7 +13,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="model version(s) to fetch (repeatable; default v2; 'all' for every version)")
     parser.add_argument("--root", default=".",
                         help="the GPT-SoVITS root: files go to ROOT/GPT_SoVITS/pretrained_models/ (default: .)")
-    parser.add_argument("--g2pw", action="store_true", help="also fetch the G2PW polyphone model (Chinese)")
+    parser.add_argument("--g2pw", action=argparse.BooleanOptionalAction, default=None,
+                        help="the G2PW polyphone model for Mandarin (default: with any v2+ version, as the official "
+                             "frontend uses it; --no-g2pw skips it)")
     parser.add_argument("--revision", default="main", help="hub revision (branch, tag or commit) to fetch")
     parser.add_argument("--check", action="store_true",
                         help="fetch nothing: say what is missing or not the official file, and where it goes")

@@ -84,6 +84,15 @@ def test_md5_heads_are_the_official_version_table() -> None:
     assert heads == set(PRETRAINED_MD5)
 
 
+def test_g2pw_comes_with_v2_and_later_by_default() -> None:
+    """The official frontend reads v2+ Mandarin with G2PW (chinese2.py): download fetches it unless told not to."""
+    assert dl.G2PW in dl.assets_for(["v2"]) and dl.G2PW in dl.assets_for(["v1", "v4"])
+    assert dl.G2PW not in dl.assets_for(["v1"]) and dl.G2PW not in dl.assets_for(["v2"], g2pw=False)
+    assert dl.G2PW in dl.assets_for(["v1"], g2pw=True)
+    assert "--g2pw" not in dl.check_command(["v2"], ".", True)  # the default needs no flag
+    assert "--no-g2pw" in dl.check_command(["v2"], ".", False) and "--g2pw" in dl.check_command(["v1"], ".", True)
+
+
 def test_unknown_version_is_refused() -> None:
     with pytest.raises(dl.DownloadError, match="--version: unknown version 'v9'"):
         dl.assets_for(["v9"])
@@ -91,7 +100,7 @@ def test_unknown_version_is_refused() -> None:
 
 def test_download_into_the_official_layout_then_nothing_twice(tmp_path, monkeypatch) -> None:
     hub = FakeHub(monkeypatch)
-    assets = _with_fake_md5(dl.assets_for(["v2", "v2Pro"]))
+    assets = _with_fake_md5(dl.assets_for(["v2", "v2Pro"], g2pw=False))
     report = dl.download(tmp_path, assets, log=lambda _: None)
     assert len(report.fetched) == len(assets) and not report.missing
     for a in assets:
@@ -107,7 +116,7 @@ def test_download_into_the_official_layout_then_nothing_twice(tmp_path, monkeypa
 
 def test_a_file_that_is_not_the_official_one_is_removed_and_named(tmp_path, monkeypatch) -> None:
     FakeHub(monkeypatch)
-    assets = dl.assets_for(["v2"])  # the real md5 heads: fake bytes can never match them
+    assets = dl.assets_for(["v2"], g2pw=False)  # the real md5 heads: fake bytes can never match them
     with pytest.raises(dl.DownloadError) as err:
         dl.download(tmp_path, assets, log=lambda _: None)
     sovits = tmp_path / "GPT_SoVITS/pretrained_models/gsv-v2final-pretrained/s2G2333k.pth"
@@ -140,7 +149,7 @@ def test_offline_says_what_is_missing_and_where(tmp_path, monkeypatch) -> None:
     msg = str(err.value)
     assert "cannot be reached" in msg and f"{len(assets)} file(s) are missing" in msg
     for a in assets:
-        assert str((tmp_path / a.target).resolve()) in msg and a.url in msg
+        assert str((tmp_path / a.installed).resolve()) in msg and a.url in msg
 
 
 def test_a_refused_request_is_an_error_naming_the_file(tmp_path, monkeypatch) -> None:
