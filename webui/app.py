@@ -234,8 +234,9 @@ def _wire_models(page: Page, config, catalog: ModelCatalog) -> None:
 
     page.rescan.click(rescan, None, [page.gpt, page.sovits], api_name="rescan_models")
     if config is not None:
-        def download(locale):
-            return handlers.download_weights(config.base_dir, config.active.version, locale=locale)
+        def download(locale, progress=gr.Progress()):  # noqa: B008 - Gradio injects the bar this way
+            return handlers.download_weights(config.base_dir, config.active.version, locale=locale,
+                                             progress=lambda share, what: progress(share, desc=what))
 
         page.download.click(download, page.ui_language, page.download_log, api_name="download_weights",
                             concurrency_limit=1)

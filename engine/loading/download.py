@@ -21,7 +21,7 @@ import os
 import shutil
 import socket
 import zipfile
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from urllib.parse import urlsplit
@@ -69,7 +69,16 @@ class Asset:
 
     @property
     def url(self) -> str:
-        return f"https://huggingface.co/{self.repo_id}/resolve/main/{self.filename}"
+        return self.url_at("main")
+
+    def url_at(self, revision: str) -> str:
+        """Where the file is fetched from: through ``HF_ENDPOINT`` (a mirror) when it is set, as the hub client."""
+        return f"{hub_endpoint()}/{self.repo_id}/resolve/{revision}/{self.filename}"
+
+
+def hub_endpoint() -> str:
+    """The hub the client talks to: ``HF_ENDPOINT`` (e.g. a mirror), else huggingface.co."""
+    return (os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
 
 
 def _lj(filename: str, what: str, md5: str = "") -> Asset:
@@ -157,12 +166,14 @@ def _sha256(path: Path) -> str:
 
 
 def missing_message(root: Path, missing: Sequence[Asset], reason: str = "",
-                    check_command: str = "sovits-studio download --check") -> str:
+                    check_command: str = "sovits-studio download --check",
+                    revisions: Mapping[str, str] | None = None) -> str:
     """What is missing, where to get it and exactly where to put it."""
     lines = [f"{len(missing)} file(s) are missing{f' ({reason})' if reason else ''}:"]
     for a in missing:
         dest = (Path(root) / a.installed).resolve()
-        how = f"unzip {a.url} there (one folder holding {', '.join(a.unpack_markers)})" if a.unpack else a.url
+        url = a.url_at((revisions or {}).get(a.repo_id, "main"))
+        how = f"unzip {url} there (one folder holding {', '.join(a.unpack_markers)})" if a.unpack else url
         lines.append(f"  {a.what}: {dest}\n      from {how}")
     lines.append("Put each file at the path shown (the official GPT-SoVITS layout), then run "
                  f"`{check_command}` to verify.")
@@ -276,18 +287,26 @@ def _fetch_one(hub, root: Path, a: Asset, revision: str, verify_checksums: bool)
         (root / a.target).unlink(missing_ok=True)
 
 
+Progress = Callable[[int, int, int, int], None]  # (files done, files to fetch, bytes done, bytes to fetch)
+
+
 def download(
     root: str | os.PathLike,
     assets: Sequence[Asset],
     *,
-    revision: str = "main",
+    revisions: Mapping[str, str] | None = None,
     verify_checksums: bool = True,
     log: Callable[[str], None] = print,
     check_command: str = "sovits-studio download --check",
+    on_progress: Progress | None = None,
 ) -> DownloadReport:
     """Fetch every asset not yet present under ``root``. Raises DownloadError listing what is still
-    missing (and where it goes) when the hub cannot be reached or a download is corrupt."""
+    missing (and where it goes) when the hub cannot be reached or a download is corrupt.
+
+    ``revisions``: repository -> branch, tag or commit (default main for each). ``on_progress`` hears the files
+    and bytes fetched so far against the totals (sizes the hub reports; 0 when it does not say)."""
     root = Path(root)
+    revisions = dict(revisions or {})
     report = DownloadReport()
     todo: list[Asset] = []
     for a in assets:
@@ -299,18 +318,26 @@ def download(
     unreachable = _hub_unreachable()
     if unreachable:
         report.missing = todo
-        raise DownloadError(missing_message(root, todo, f"the hub cannot be reached: {unreachable}", check_command),
-                            report)
+        raise DownloadError(missing_message(root, todo, f"the hub cannot be reached: {unreachable}", check_command,
+                                            revisions), report)
     offline = ""
     corrupt: list[str] = []
+    sizes = [_hub_checksum(hub, a, revisions.get(a.repo_id, "main"))[1] or 0 for a in todo] if on_progress else []
+    done_bytes = 0
+    if on_progress:
+        on_progress(0, len(todo), 0, sum(sizes))
     for i, a in enumerate(todo, 1):
         if offline:  # the hub is unreachable: list the rest without trying each
             report.missing.append(a)
             continue
-        log(f"[{i}/{len(todo)}] {a.repo_id}/{a.filename} -> {root / a.installed}")
+        revision = revisions.get(a.repo_id, "main")
+        log(f"[{i}/{len(todo)}] {a.url_at(revision)} -> {root / a.installed}")
         try:
             _fetch_one(hub, root, a, revision, verify_checksums)
             report.fetched.append(a)
+            if on_progress:
+                done_bytes += sizes[i - 1]
+                on_progress(i, len(todo), done_bytes, sum(sizes))
         except CheckpointError as e:
             (root / a.target).unlink(missing_ok=True)  # a corrupt file must not pass for a present one
             report.missing.append(a)
@@ -325,7 +352,8 @@ def download(
             report.missing.append(a)
             offline = f"the hub cannot be reached: {type(e).__name__}"
     if report.missing:
-        raise DownloadError(missing_message(root, report.missing, offline or "; ".join(corrupt), check_command), report)
+        raise DownloadError(missing_message(root, report.missing, offline or "; ".join(corrupt), check_command,
+                                            revisions), report)
     return report
 
 

@@ -224,3 +224,44 @@ def test_an_unreachable_hub_is_said_at_once_without_trying_each_file(tmp_path, m
         dl.download(tmp_path, dl.assets_for(["v2"]), log=lambda line: None)
     assert calls == [] and len(err.value.report.missing) == len(dl.assets_for(["v2"]))
     assert dl.check_command(["v2", "v2"], tmp_path) == f"sovits-studio download --version v2 --root {tmp_path} --check"
+
+
+def test_revisions_per_repository_urls_through_hf_endpoint_and_progress(tmp_path, monkeypatch, capsys) -> None:
+    """Each repository gets its own revision; printed URLs go through HF_ENDPOINT (a mirror); the progress callback
+    hears bytes (the hub's sizes) and files."""
+    monkeypatch.setenv("HF_ENDPOINT", "https://mirror.example/")
+    hub = FakeHub(monkeypatch)
+    revisions_seen = {}
+    original = hub.hf_hub_download
+
+    def fetch(repo_id, filename, revision=None, local_dir=None, **kw):
+        revisions_seen[repo_id] = revision
+        return original(repo_id, filename, revision=revision, local_dir=local_dir, **kw)
+
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fetch)
+    monkeypatch.setattr(huggingface_hub, "get_hf_file_metadata",
+                        lambda url, **_: type("Meta", (), {"etag": '"x"', "size": 1000})())
+    assets = _with_fake_md5(dl.assets_for(["v3"], g2pw=False))
+    progress, lines = [], []
+    dl.download(tmp_path, assets, revisions={dl.WEIGHTS_REPO: "abc123"}, log=lines.append, verify_checksums=False,
+                on_progress=lambda *p: progress.append(p))
+    assert revisions_seen == {dl.WEIGHTS_REPO: "abc123", dl.BIGVGAN_REPO: "main"}
+    assert any(line.startswith("[1/") and f"https://mirror.example/{dl.WEIGHTS_REPO}/resolve/abc123/" in line
+               for line in lines)
+    n = len(assets)
+    assert progress[0] == (0, n, 0, 1000 * n) and progress[-1] == (n, n, 1000 * n, 1000 * n)
+    assert [p[0] for p in progress] == list(range(n + 1))
+    assert dl.G2PW.url == "https://mirror.example/XXXXRT/GPT-SoVITS-Pretrained/resolve/main/G2PWModel.zip"
+
+
+def test_cli_revision_flags(capsys) -> None:
+    from studio.cli.download import parse_revisions
+
+    assert parse_revisions(["v1.0", f"{dl.BIGVGAN_REPO}=deadbeef"]) == {dl.WEIGHTS_REPO: "v1.0",
+                                                                          dl.BIGVGAN_REPO: "deadbeef"}
+    from engine.errors import OptionsError
+
+    with pytest.raises(OptionsError, match="REPO=REV"):
+        parse_revisions(["someone/else=main"])
