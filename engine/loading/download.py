@@ -17,6 +17,7 @@ files the md5 of their first 8 KiB that the official version detection keys on (
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import socket
@@ -357,16 +358,71 @@ def download(
     return report
 
 
-def check(root: str | os.PathLike, assets: Sequence[Asset]) -> tuple[list[Asset], list[tuple[Asset, str]]]:
-    """Offline check of an installed tree: (missing assets, [(asset, problem)] for present but wrong ones)."""
+def file_head_problem(path: Path) -> str:
+    """What is wrong with the first bytes of a fetched file for its kind ("" when they look right): PyTorch files
+    (.pth .ckpt .pt .bin) start as a zip (``torch.save``) or a pickle, JSON files parse, ONNX files are protobuf
+    (not an HTML error page or a Git LFS pointer), text tables are UTF-8."""
+    with open(path, "rb") as f:
+        head = f.read(HEAD_PEEK)
+    if head.startswith(b"version https://git-lfs"):
+        return "a Git LFS pointer, not the file itself"
+    if head.lstrip()[:15].lower().startswith((b"<!doctype", b"<html")):
+        return "an HTML page (an error or login page), not the file"
+    suffix = path.suffix.lower()
+    if suffix in (".pth", ".ckpt", ".pt", ".bin") and not (head.startswith(b"PK\x03\x04") or head[:1] == b"\x80"):
+        return "not a PyTorch file (neither a torch.save zip nor a pickle)"
+    if suffix == ".json":
+        try:
+            json.loads(path.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as e:
+            return f"not valid JSON ({e})"
+    if suffix == ".onnx" and head[:1] not in (b"\x08", b"\x0a", b"\x12", b"\x1a", b"\x22", b"\x3a"):
+        return "not an ONNX model"
+    return ""
+
+
+HEAD_PEEK = 64  # bytes read to tell a file's format
+G2PW_FILES = ("POLYPHONIC_CHARS.txt", "MONOPHONIC_CHARS.txt", "bopomofo_to_pinyin_wo_tune_dict.json",
+              "char_bopomofo_dict.json", "config.py", "g2pW.onnx")  # what the G2PW converter reads
+
+
+def check(root: str | os.PathLike, assets: Sequence[Asset],
+          sizes: Mapping[Asset, int] | None = None) -> tuple[list[Asset], list[tuple[Asset, str]]]:
+    """Check of an installed tree: (missing assets, [(asset, problem)] for present but wrong ones). Every file is
+    checked by its head (the official md5 of the first 8 KiB where the official code keys on one, else its
+    format: :func:`file_head_problem`) and, with ``sizes`` (bytes the hub reports, see :func:`hub_sizes`), by its
+    size; the G2PW folder file by file."""
     root = Path(root)
     missing, wrong = [], []
     for a in assets:
         if not is_present(root, a):
             missing.append(a)
-        elif not a.unpack:
-            try:
-                verify(root, a)
-            except CheckpointError as e:
-                wrong.append((a, str(e)))
+            continue
+        if a.unpack:
+            folder = root / a.installed
+            if lacking := [n for n in G2PW_FILES if not (folder / n).is_file() or not (folder / n).stat().st_size]:
+                wrong.append((a, f"{a.what}: {folder} lacks {', '.join(lacking)}; delete it and download again"))
+            elif problem := file_head_problem(folder / "g2pW.onnx"):
+                wrong.append((a, f"{a.what}: {folder / 'g2pW.onnx'} is {problem}; delete the folder and download "
+                                 "again"))
+            continue
+        try:
+            verify(root, a, expected_size=(sizes or {}).get(a))
+        except CheckpointError as e:
+            wrong.append((a, str(e)))
+            continue
+        if problem := file_head_problem(root / a.target):
+            wrong.append((a, f"{a.what}: {root / a.target} is {problem}; delete it and download again"))
     return missing, wrong
+
+
+def hub_sizes(assets: Sequence[Asset], revisions: Mapping[str, str] | None = None) -> dict[Asset, int]:
+    """The sizes the hub reports for the (non-archive) assets; {} when the hub cannot be reached."""
+    if _hub_unreachable():
+        return {}
+    hub = _hub()
+    out = {}
+    for a in assets:
+        if not a.unpack and (size := _hub_checksum(hub, a, (revisions or {}).get(a.repo_id, "main"))[1]):
+            out[a] = size
+    return out

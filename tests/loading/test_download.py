@@ -189,11 +189,43 @@ def test_cli_check_lists_missing_and_wrong_files(tmp_path, capsys) -> None:
     for p in (gpt, sovits):
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_bytes(b"not a checkpoint")
-    assert cli_main(["download", "--version", "v2Pro", "--root", str(tmp_path), "--check"]) == 1
+    assert cli_main(["download", "--version", "v2Pro", "--root", str(tmp_path), "--check", "--offline"]) == 1
     err = capsys.readouterr().err
-    assert f"wrong: v2Pro SoVITS: {sovits}" in err  # present but not the official file
-    assert str(gpt.resolve()) not in err  # present, nothing known to check against
+    assert f"wrong: v2Pro SoVITS: {sovits}" in err  # present but not the official file (its md5 head)
+    assert f"{gpt} is not a PyTorch file" in err  # present, and not even a torch file (its head)
     assert str((tmp_path / dl.SV.target).resolve()) in err  # missing, with its place
+    assert str((tmp_path / dl.G2PW.installed).resolve()) in err  # G2PW comes with v2Pro
+
+
+def test_check_verifies_every_file_by_size_and_head(tmp_path) -> None:
+    """Every file the versions need: sizes against the hub's, heads by format (a truncated download, an HTML
+    error page, a Git LFS pointer, broken JSON), and the G2PW folder file by file."""
+    assets = dl.assets_for(["v4"])
+    for a in assets:
+        path = tmp_path / a.target
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"{}" if a.filename.endswith(".json") else b"PK\x03\x04" + b"\0" * 100)
+    g2pw = tmp_path / dl.G2PW.installed
+    g2pw.mkdir(parents=True)
+    for name in dl.G2PW_FILES:
+        (g2pw / name).write_bytes(b"\x08\x07" if name.endswith(".onnx") else b"x")
+    (tmp_path / dl.G2PW.target).unlink()
+    plain = [a for a in assets if not a.unpack and not a.md5_head]
+    sizes = {a: (tmp_path / a.target).stat().st_size for a in plain}  # as the hub reports them
+    missing, wrong = dl.check(tmp_path, plain + [dl.G2PW], sizes)
+    assert missing == [] and wrong == []
+    hubert, config, vocoder = (next(a for a in plain if a.filename.endswith(n))
+                               for n in ("hubert-base/pytorch_model.bin", "roberta-wwm-ext-large/config.json",
+                                         "vocoder.pth"))
+    (tmp_path / hubert.target).write_bytes(b"<!DOCTYPE html><html>rate limited</html>")
+    (tmp_path / config.target).write_bytes(b"version https://git-lfs.github.com/spec/v1\n")
+    (tmp_path / vocoder.target).write_bytes(b"PK\x03\x04")  # cut short
+    (g2pw / "char_bopomofo_dict.json").unlink()
+    offline = dict(dl.check(tmp_path, plain + [dl.G2PW])[1])  # no sizes: the heads alone
+    assert "HTML page" in offline[hubert] and "Git LFS pointer" in offline[config]
+    assert vocoder not in offline and "lacks char_bopomofo_dict.json" in offline[dl.G2PW]
+    online = dict(dl.check(tmp_path, plain + [dl.G2PW], sizes)[1])
+    assert "has 4 bytes, the hub says 104" in online[vocoder]
 
 
 def test_cli_offline_with_the_real_hub_client(tmp_path, monkeypatch, capsys) -> None:
