@@ -4,14 +4,17 @@ Layout (official ``TTS.py`` ``TTS_Config.default_configs``): everything under
 ``<root>/GPT_SoVITS/pretrained_models/``, the paths the
 official ``tts_infer.yaml`` names, so a downloaded tree works with both the official code and ours.
 Sources: the official weight repo ``lj1995/GPT-SoVITS`` on the Hugging Face hub, NVIDIA's
-``nvidia/bigvgan_v2_24khz_100band_256x`` for the v3 vocoder, and (optional) the G2PW archive from
-``XXXXRT/GPT-SoVITS-Pretrained``, the mirror the official installer uses.
+``nvidia/bigvgan_v2_24khz_100band_256x`` for the v3 vocoder, and the G2PW archive from
+``XXXXRT/GPT-SoVITS-Pretrained`` (the mirror the official installer uses; with any v2+ version by default, as the
+official frontend reads v2+ Mandarin with it). Each repository has its own revision; URLs go through
+``HF_ENDPOINT`` as the hub client's do.
 
 ``huggingface_hub`` is imported only when something is actually fetched. Downloads resume (the hub
-client keeps partial files next to the target) and show its progress bars. After a download we
-verify what we can: the size and sha256 the hub reports for the file, and for the pretrained SoVITS
-files the md5 of their first 8 KiB that the official version detection keys on (``process_ckpt.py``
-``get_sovits_version_from_path_fast``).
+client keeps partial files next to the target) and show its per-file bars; ``on_progress`` follows the
+whole download (bytes and files). After a download we verify what we can: the size and sha256 the hub
+reports for the file, and for the pretrained SoVITS files the md5 of their first 8 KiB that the official
+version detection keys on (``process_ckpt.py`` ``get_sovits_version_from_path_fast``). :func:`check`
+verifies an installed tree offline by heads (and sizes, when the hub can say them).
 """
 
 from __future__ import annotations
