@@ -61,6 +61,7 @@ class Asset:
     md5_head: str = ""  # md5 of the first 8 KiB when known (the official version detection table)
     unpack: str = ""  # for archives: the folder they are extracted to
     unpack_markers: tuple[str, ...] = ()  # files that prove an extracted archive is complete
+    source_url: str = ""  # a file outside the hub (the official repository's text tables), fetched as it is
 
     @property
     def target(self) -> PurePosixPath:
@@ -77,6 +78,8 @@ class Asset:
 
     def url_at(self, revision: str) -> str:
         """Where the file is fetched from: through ``HF_ENDPOINT`` (a mirror) when it is set, as the hub client."""
+        if self.source_url:
+            return self.source_url
         return f"{hub_endpoint()}/{self.repo_id}/resolve/{revision}/{self.filename}"
 
 
@@ -113,6 +116,13 @@ ASSETS: dict[str, tuple[Asset, ...]] = {
 }
 G2PW = Asset(G2PW_REPO, "G2PWModel.zip", "GPT_SoVITS/text", "G2PW polyphone model (Mandarin, v2+)",
              unpack="GPT_SoVITS/text/G2PWModel", unpack_markers=("POLYPHONIC_CHARS.txt",))
+OFFICIAL_REPO = "RVC-Boss/GPT-SoVITS"
+OFFICIAL_COMMIT = "48b1a0169a28582a8984402f82cf438d3bfa6aca"  # the official code we stay compatible with
+# G2PW's word corrections, which official chinese2.py applies after the model (not in the model archive)
+G2PW_CORRECTIONS = tuple(
+    Asset(OFFICIAL_REPO, name, "GPT_SoVITS/text/g2pw", f"G2PW correction dictionary {name} (official)",
+          source_url=f"https://raw.githubusercontent.com/{OFFICIAL_REPO}/{OFFICIAL_COMMIT}/GPT_SoVITS/text/g2pw/{name}")
+    for name in ("polyphonic.rep", "polyphonic-fix.rep"))
 
 
 def wants_g2pw(versions: Iterable[str]) -> bool:
@@ -130,7 +140,7 @@ def assets_for(versions: Iterable[str], *, g2pw: bool | None = None) -> list[Ass
             raise DownloadError(f"--version: unknown version {version!r}; use one of {', '.join(VERSIONS)} or all")
         chosen += ASSETS[version]
     if g2pw:
-        chosen.append(G2PW)
+        chosen += [G2PW, *G2PW_CORRECTIONS]
     return list(dict.fromkeys(chosen))
 
 
@@ -230,7 +240,8 @@ def _hub_unreachable(timeout: float = 3.0) -> str:
 
 
 _OFFLINE_ERRORS = {"OfflineModeIsEnabled", "LocalEntryNotFoundError", "ConnectionError", "ConnectError", "Timeout",
-                   "TimeoutException", "ReadTimeout", "ConnectTimeout", "NetworkError", "ProxyError", "SSLError"}
+                   "TimeoutException", "ReadTimeout", "ConnectTimeout", "NetworkError", "ProxyError", "SSLError",
+                   "URLError"}
 
 
 def _is_offline_error(e: BaseException) -> bool:
@@ -276,7 +287,27 @@ def _unpack(zip_path: Path, dest: Path, asset: Asset) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def _fetch_url(url: str, target: Path, timeout: float = 30.0) -> None:
+    """A file outside the hub, written whole or not at all (proxies from the environment, as urllib does)."""
+    import urllib.error
+    import urllib.request
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(target.name + ".partial")
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response, open(partial, "wb") as out:
+            shutil.copyfileobj(response, out)
+    except urllib.error.HTTPError as e:  # the server answered: not a connection problem
+        partial.unlink(missing_ok=True)
+        raise DownloadError(f"fetching {url} failed: HTTP {e.code} {e.reason}") from e
+    partial.replace(target)
+
+
 def _fetch_one(hub, root: Path, a: Asset, revision: str, verify_checksums: bool) -> None:
+    if a.source_url:
+        _fetch_url(a.source_url, root / a.target)
+        verify(root, a)
+        return
     local_dir = root / a.folder
     local_dir.mkdir(parents=True, exist_ok=True)
     got = Path(hub.hf_hub_download(repo_id=a.repo_id, filename=a.filename, revision=revision,
@@ -326,7 +357,8 @@ def download(
                                             revisions), report)
     offline = ""
     corrupt: list[str] = []
-    sizes = [_hub_checksum(hub, a, revisions.get(a.repo_id, "main"))[1] or 0 for a in todo] if on_progress else []
+    sizes = [0 if a.source_url else _hub_checksum(hub, a, revisions.get(a.repo_id, "main"))[1] or 0
+             for a in todo] if on_progress else []
     done_bytes = 0
     if on_progress:
         on_progress(0, len(todo), 0, sum(sizes))
@@ -426,6 +458,7 @@ def hub_sizes(assets: Sequence[Asset], revisions: Mapping[str, str] | None = Non
     hub = _hub()
     out = {}
     for a in assets:
-        if not a.unpack and (size := _hub_checksum(hub, a, (revisions or {}).get(a.repo_id, "main"))[1]):
+        if not a.unpack and not a.source_url and (
+                size := _hub_checksum(hub, a, (revisions or {}).get(a.repo_id, "main"))[1]):
             out[a] = size
     return out

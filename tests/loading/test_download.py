@@ -297,3 +297,39 @@ def test_cli_revision_flags(capsys) -> None:
 
     with pytest.raises(OptionsError, match="REPO=REV"):
         parse_revisions(["someone/else=main"])
+
+
+def test_g2pw_brings_the_official_correction_dictionary(tmp_path, monkeypatch) -> None:
+    """Official chinese2.py corrects G2PW's readings with polyphonic.rep / polyphonic-fix.rep (not in the model
+    archive): they come from the official repository at the pinned commit, into GPT_SoVITS/text/g2pw/, where
+    the engine's G2PW converter reads them."""
+    import urllib.request
+
+    from engine.text.chinese.g2pw import correction_files
+
+    assert set(dl.G2PW_CORRECTIONS) <= set(dl.assets_for(["v2"]))
+    assert all(dl.OFFICIAL_COMMIT in a.url and a.url.startswith("https://raw.githubusercontent.com/")
+               for a in dl.G2PW_CORRECTIONS)
+    archive = _zip({"G2PWModel_1.1/POLYPHONIC_CHARS.txt": b"x", "G2PWModel_1.1/g2pW.onnx": b"y"})
+    FakeHub(monkeypatch, content=lambda repo, name: archive)
+    urls = []
+
+    def urlopen(url, timeout=None):
+        urls.append(url)
+        return io.BytesIO(f"{url.rsplit('/', 1)[1]}: ['hang2']\n".encode())
+
+    monkeypatch.setattr(urllib.request, "urlopen", urlopen)
+    dl.download(tmp_path, [dl.G2PW, *dl.G2PW_CORRECTIONS], log=lambda _: None)
+    assert urls == [a.url for a in dl.G2PW_CORRECTIONS]
+    found = correction_files(tmp_path / "GPT_SoVITS/text/G2PWModel")
+    assert [p.name for p in found] == ["polyphonic.rep", "polyphonic-fix.rep"]
+
+    def refused(url, timeout=None):
+        import urllib.error
+
+        raise urllib.error.HTTPError(url, 404, "Not Found", {}, None)
+
+    (tmp_path / dl.G2PW_CORRECTIONS[0].target).unlink()
+    monkeypatch.setattr(urllib.request, "urlopen", refused)
+    with pytest.raises(dl.DownloadError, match="HTTP 404"):
+        dl.download(tmp_path, [dl.G2PW, *dl.G2PW_CORRECTIONS], log=lambda _: None)
