@@ -52,6 +52,7 @@ class BenchConfig:
     tiny: bool = False  # tiny random weights (CI-size run)
     device: str = "auto"
     precision: str = "auto"
+    vocoder_backend: str | None = None  # torch | coreml for every version; None: the config's
     tokens: int = 500  # T2S tokens per timed decode (EOS disabled)
     repeats: int = 3
     batches: tuple[int, ...] = (8, 32, 64)
@@ -87,8 +88,9 @@ class Bench:
 
 
 def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    from engine.runtime import wait_for_device
+
+    wait_for_device(device, all_streams=True)  # MPS too: its work is queued like CUDA's
 
 
 def _measure(fn: Callable[[], Any], device: torch.device, repeats: int) -> dict[str, float]:
@@ -147,7 +149,7 @@ def load_bench(cfg: BenchConfig, work: Path) -> tuple[Bench, float]:
     config = cfg.config or str(make_test_weights(work, cfg.version, full_size=not cfg.tiny))
     setup_s = time.perf_counter() - t0
     studio = Studio.from_config(config, device=cfg.device, precision=cfg.precision,
-                                settings=EngineSettings(t2s_decoder=cfg.t2s_decoder))
+                                settings=EngineSettings(t2s_decoder=cfg.t2s_decoder), vocoder_backend=cfg.vocoder_backend)
     models = studio.pool.models(studio.default_weights, studio.runtime)
     ref_path = cfg.reference or str(synthetic_reference(work / "ref.wav"))
     g = torch.Generator().manual_seed(0)

@@ -12,6 +12,8 @@ SoVITS Studio extension keys (all optional; the official code never sees a file 
   A section's value serves the version it names, so one file can hold the v3 BigVGAN folder (in its
   ``v3`` section) and the v4 ``vocoder.pth`` (in ``v4``); the active section's values serve its own
   version (:meth:`InferConfig.extension`).
+* ``g2pw_model_path``: the G2PW model folder for Mandarin polyphones (v2 and later), read from the active
+  section; empty: the official location ``GPT_SoVITS/text/G2PWModel`` (where ``download`` puts it).
 * ``precision``: ``auto``, ``fp32``, ``fp16`` or ``bf16`` for every stage, or a mapping of stages
   (``t2s sovits vocoder ssl bert sv``, plus ``default``) to those names; overrides ``is_half``.
 * the operating knobs of :data:`KNOBS` (cache and pool sizes, the memory watermark, warm-up, the
@@ -99,6 +101,7 @@ class Section:
     vocoder_path: str = ""  # BigVGAN folder (v3) or vocoder.pth (v4); empty: the official location
     sv_weights_path: str = ""  # ERes2NetV2 checkpoint (v2Pro*); empty: the official location
     vocoder_coreml_package: str = ""  # the .mlpackage used when vocoder_backend is coreml
+    g2pw_model_path: str = ""  # the G2PW model folder (Mandarin polyphones, v2+); empty: the official location
     max_tokens_per_sentence: int = 0  # a cap on semantic tokens per sentence (25 = 1 s); 0: the model's own
     random_weights: bool = False  # a random-weight test set (make-test-weights): noise, not speech
     precision: str = ""  # auto | fp32 | fp16 | bf16 for every stage; "" = from is_half
@@ -111,7 +114,8 @@ class Section:
 
 
 _EXTENSION_KEYS = {"vocoder_backend", "vocoder_path", "sv_weights_path", "vocoder_coreml_package",
-                   "max_tokens_per_sentence", "random_weights"}
+                   "max_tokens_per_sentence", "random_weights", "g2pw_model_path"}
+G2PW_FOLDER = Path("GPT_SoVITS/text/G2PWModel")  # official chinese2.py's model_dir (relative to its root)
 _OFFICIAL_KEYS = {f.name for f in fields(Section)} - _EXTENSION_KEYS - {"precision", "stage_precisions", "knobs"}
 _KEY_TYPES: dict[str, type] = {f.name: {"bool": bool, "int": int}.get(str(f.type), str)
                                for f in fields(Section) if f.name not in ("stage_precisions", "knobs")}
@@ -260,6 +264,10 @@ class InferConfig:
                                f"but {s.version} needs {'the BigVGAN folder' if want_folder else 'vocoder.pth'}; "
                                f"put the other version's vocoder in its own section ({'v4' if want_folder else 'v3'})")
         return out
+
+    def g2pw_folder(self) -> Path:
+        """The G2PW model folder: the active section's ``g2pw_model_path``, else the official location."""
+        return self._abs(self.active.g2pw_model_path) if self.active.g2pw_model_path else self.base_dir / G2PW_FOLDER
 
     def missing_files(self) -> dict[str, Path]:
         """Weight paths (after fallback) that do not exist, by key: what the user still has to get."""

@@ -34,7 +34,7 @@ from engine.errors import MemoryPressureError
 from engine.options import EngineSettings
 
 __all__ = ["MemoryPressureError", "MemoryReading", "MemorySources", "MpsMemory", "DegradeStep", "MemoryGuard",
-           "Admission", "read_memory", "system_memory_reader", "memory_samples"]
+           "Admission", "read_memory", "system_memory_reader", "memory_samples", "system_used"]
 
 log = logging.getLogger(__name__)
 
@@ -68,14 +68,45 @@ class MpsMemory:
     recommended_max: int  # recommended_max_memory(): the GPU working-set budget macOS recommends
 
 
+def system_used(total: int, available: int, os_available: int | None) -> tuple[int, int]:
+    """(used, total) of system memory as the OS will give it: ``total - available`` (psutil), or less where
+    the OS itself says more is available (macOS: ``os_available``, see :func:`_macos_available`)."""
+    given = max(available, os_available or 0)
+    return max(0, total - min(total, given)), total
+
+
 def _psutil_system() -> tuple[int, int] | None:
-    """(used, total) bytes of system memory; used = total - available (what new allocations can get)."""
+    """(used, total) bytes of system memory; used = total - what new allocations can get."""
     try:
         import psutil
     except ImportError:
         return None
     vm = psutil.virtual_memory()
-    return int(vm.total - vm.available), int(vm.total)
+    return system_used(int(vm.total), int(vm.available), _macos_available())
+
+
+def _macos_available() -> int | None:
+    """Bytes macOS says it will still give (``kern.memorystatus_level``: the percentage of memory available,
+    the figure behind Activity Monitor's memory pressure; it counts the file cache and compressible pages
+    that psutil's ``available``, free + inactive only, leaves out). None elsewhere or when it cannot be read."""
+    import sys
+
+    if sys.platform != "darwin":
+        return None
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        level, size = ctypes.c_uint32(0), ctypes.c_size_t(4)
+        if libc.sysctlbyname(b"kern.memorystatus_level", ctypes.byref(level), ctypes.byref(size), None, 0) != 0:
+            return None
+        total, size = ctypes.c_uint64(0), ctypes.c_size_t(8)
+        if libc.sysctlbyname(b"hw.memsize", ctypes.byref(total), ctypes.byref(size), None, 0) != 0:
+            return None
+    except (OSError, AttributeError):
+        return None
+    return int(total.value * min(100, level.value) / 100) if 0 < level.value else None
 
 
 def _torch_mps() -> MpsMemory | None:
@@ -137,7 +168,8 @@ def read_all(device: str, sources: MemorySources = MemorySources()) -> list[Memo
 
 def read_memory(device: str, sources: MemorySources = MemorySources()) -> MemoryReading:
     """The tightest reading for ``device``: CUDA memory on a GPU; on a Mac the fuller of Metal's
-    allocation against its recommended budget and system memory; system memory on the CPU.
+    allocation (``driver_allocated_memory``) against its budget (``recommended_max_memory``) and system memory
+    as the OS will give it (psutil, or macOS's own memory level when that leaves more); system memory on the CPU.
     ``MemoryReading(0, 0)`` when nothing can be read (then the guard never blocks)."""
     readings = read_all(device, sources)
     return max(readings, key=lambda r: r.fraction) if readings else MemoryReading(0, 0, "unknown")

@@ -311,7 +311,8 @@ class VoiceCloner:
         # engine.serving.gate.DeviceGate of the engine: device work here waits while a CUDA graph is captured
         self._gate = gate
         self._convs = conv_backend  # engine.runtime.conv_backend of reference preparation (new lengths each clip)
-        self.frontend = TextFrontend("v1" if models.version == "v1" else "v2", bert=models.bert)
+        self.frontend = TextFrontend("v1" if models.version == "v1" else "v2", bert=models.bert,
+                                     zh_g2p=models.zh_g2p)  # G2PW for v2+ Mandarin when its model is there
 
     def _device_work(self):
         """The section device work of this cloner runs in (see engine.serving.gate)."""
@@ -746,6 +747,8 @@ class Studio:
         self._default_models: Callable[[], Models | None] = lambda: None  # weak: the default set, once loaded
         self._defaults = weights
         self.device_notice = ""  # set by from_config when the config's device was not available
+        self.g2pw_notice = ""  # set by from_config when v2+ Mandarin runs without G2PW (says how to fetch it)
+        self.g2pw_fix: tuple[str, str] = ("", "")  # (why G2PW is not used, the command that fetches it)
         self._lock = threading.Lock()
         self._warmed: set[str] = set()
         self._schedulers: dict[str, object] = {}  # Models.id -> engine.serving.Scheduler (insertion order)
@@ -756,8 +759,10 @@ class Studio:
 
     @classmethod
     def from_config(cls, config, device: str | None = None, precision: str | None = None,
-                    settings: EngineSettings = EngineSettings(), **kwargs) -> "Studio":
-        """From a ``tts_infer.yaml`` path or ``InferConfig``; ``device``/``precision`` override its section."""
+                    settings: EngineSettings = EngineSettings(), vocoder_backend: str | None = None,
+                    **kwargs) -> "Studio":
+        """From a ``tts_infer.yaml`` path or ``InferConfig``; ``device``/``precision``/``vocoder_backend``
+        (torch or coreml, for every version) override its sections."""
         from engine.config import InferConfig, load_config
         from engine.runtime import runtime_for_config
 
@@ -766,8 +771,14 @@ class Studio:
         runtime, notice = runtime_for_config(active.device, active.is_half, device, precision,
                                              precision=active.precision or None,
                                              stage_precisions=dict(active.stage_precisions))
-        studio = cls(WeightSet.from_config(cfg), runtime, settings, **kwargs)
+        studio = cls(WeightSet.from_config(cfg).with_vocoder_backend(vocoder_backend), runtime, settings, **kwargs)
         studio.device_notice = notice
+        if active.version != "v1":  # the official v1 frontend never uses G2PW
+            from engine.text.chinese import g2pw_fetch_command, g2pw_notice, g2pw_problem
+
+            if problem := g2pw_problem(studio.default_weights.g2pw_folder()):
+                studio.g2pw_notice = g2pw_notice(problem, cfg.base_dir)
+                studio.g2pw_fix = (problem, g2pw_fetch_command(cfg.base_dir))
         studio.config_notices = tuple(cfg.problems())
         for problem in studio.config_notices:
             log.warning("config %s: %s", cfg.source, problem)
@@ -786,6 +797,27 @@ class Studio:
         with self._lock:
             self._defaults = weights
         return models
+
+    def stage_plan(self) -> list[tuple[str, str, str, str]]:
+        """(stage, device, precision, backend) of each network as this engine runs it now: the runtime's choice,
+        the CPU (float32) for stages the device fallback moved, and the vocoder backend per version."""
+        from engine.runtime import PRECISIONS, STAGES
+        from engine.versions import VERSIONS
+
+        names = {v: k for k, v in PRECISIONS.items()}
+        moved = self.fallback.cpu_stages
+        coreml = [v for v in VERSIONS if (b := self._defaults.backend(v))[0] == "coreml" and b[1]]
+        rows = []
+        for stage in STAGES:
+            device, precision = str(self.runtime.device), names[self.runtime.dtype_for(stage)]
+            if stage in moved:
+                device, precision = "cpu (operator missing on " + moved[stage].device + ")", "fp32"
+            backend = "torch"
+            if stage in ("vocoder", "sovits") and coreml:
+                relevant = [v for v in coreml if (v in ("v3", "v4")) == (stage == "vocoder")]
+                backend = f"coreml ({', '.join(relevant)}), else torch" if relevant else "torch"
+            rows.append((stage, device, precision, backend))
+        return rows
 
     def cloner(self, gpt: str | os.PathLike | None = None, sovits: str | os.PathLike | None = None,
                runtime: Runtime | None = None) -> VoiceCloner:
@@ -880,7 +912,7 @@ class Studio:
                 s = self.settings
                 sched = Scheduler(models, SchedulerConfig(slots=s.scheduler_slots, queue=s.scheduler_queue,
                                                           context=s.scheduler_context, conv_backend=s.conv_backend),
-                                  gate=self.gate, on_event=self._count)
+                                  gate=self.gate, on_event=self._count, fallback=self.fallback)
                 old = self._schedulers.pop(models.id, None)
                 if old is not None:
                     old.close()

@@ -8,6 +8,9 @@ everything else asks tensors and modules for their device and dtype. ``runtime_f
 :class:`DeviceFallback` reruns a whole stage on the CPU when the accelerator lacks one of its
 operators (MPS), remembers the stage and counts it; :class:`CpuFallback` does the same for a
 weight-free function. docs/apple-silicon.md lists the operators GPT-SoVITS has hit.
+
+:func:`wait_for_device` and :func:`copy_to_host` are the one way device results reach the host: a copy to
+the CPU with ``non_blocking=True`` is only queued, on MPS as on CUDA, so the host waits before reading.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import dataclasses
 import logging
 import threading
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, TypeVar
@@ -219,6 +222,38 @@ def runtime_for_config(device: str, is_half: bool, override_device: str | None =
         dev = resolve_device("auto", probe)
     chosen = override_precision or precision or section_precision(is_half, dev)
     return resolve_runtime(str(dev), chosen, stage_precisions, probe=probe), notice
+
+
+# ---- reading device results on the host --------------------------------------------------------
+
+
+def wait_for_device(device: torch.device | str, all_streams: bool = False) -> None:
+    """Block until the work queued on ``device`` is done: on CUDA the current stream (every stream with
+    ``all_streams``), on MPS and any other accelerator its queue (``torch.<type>.synchronize``); nothing on
+    the CPU. Call it between a non-blocking copy to the host and the first read of the copy."""
+    device = torch.device(device)
+    if device.type == "cpu":
+        return
+    if device.type == "cuda":
+        if all_streams:
+            torch.cuda.synchronize(device)
+        else:
+            torch.cuda.current_stream(device).synchronize()
+        return
+    backend = getattr(torch, device.type, None)
+    sync = getattr(backend, "synchronize", None)
+    if sync is None:
+        raise DeviceUnavailableError(f"cannot wait for device {device}: torch.{device.type}.synchronize is missing")
+    sync()  # MPS has one queue per process; torch.mps.synchronize takes no device
+
+
+def copy_to_host(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], device: torch.device | str) -> None:
+    """``dst.copy_(src)`` for every (host dst, src on ``device``) pair, queued without blocking, then one wait for
+    ``device``: when it returns, the host tensors hold the results and can be read."""
+    device = torch.device(device)
+    for dst, src in pairs:
+        dst.copy_(src, non_blocking=device.type != "cpu")
+    wait_for_device(device)
 
 
 # ---- operators the device lacks --------------------------------------------------------------
@@ -422,6 +457,25 @@ class DeviceFallback:
                 self._remember(stage, device, err)
         return self._on_cpu(stage, module, fn, device, args, kwargs, out_dtype)
 
+    def moves_to_cpu(self, stage: str, device: torch.device, err: BaseException) -> bool:
+        """For a stage that keeps state on the device (the scheduler's slot pool): True when ``err`` on ``device``
+        means the stage must move to the CPU. Then the stage is remembered, logged once and counted, and the
+        caller moves its state (weights through :meth:`cpu_model`) and runs the step again."""
+        if device.type not in self.devices or not is_missing_operator(err):
+            return False
+        self._remember(stage, device, err)
+        self.count(stage)
+        return True
+
+    def count(self, stage: str) -> None:
+        """One more run of ``stage`` on the CPU (a moved stateful stage counts each of its steps)."""
+        with self._lock:
+            self._counts[stage] = self._counts.get(stage, 0) + 1
+
+    def cpu_model(self, module: Any) -> Any:
+        """The float32 CPU copy of ``module`` this fallback owns (made once, dropped with the module)."""
+        return self._cpu_module(module)
+
     def _remember(self, stage: str, device: torch.device, err: BaseException) -> None:
         line = (str(err).splitlines() or [type(err).__name__])[0]
         with self._lock:
@@ -444,8 +498,7 @@ class DeviceFallback:
 
     def _on_cpu(self, stage: str, module: Any, fn: Callable[..., T], device: torch.device,
                 args: tuple, kwargs: dict, out_dtype: torch.dtype | None) -> T:
-        with self._lock:
-            self._counts[stage] = self._counts.get(stage, 0) + 1
+        self.count(stage)
         dtype = out_dtype or _module_dtype(module)
         cpu_args = _map_tensors(args, _to_cpu_float)
         cpu_kwargs = {k: _cpu_generator(v) if isinstance(v, torch.Generator) else _map_tensors(v, _to_cpu_float)

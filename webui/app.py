@@ -105,7 +105,7 @@ def build_ui(studio, config=None, catalog: ModelCatalog | None = None, settings:
                 _reference_inputs(page)
             with gr.Column():
                 _text_and_output(page, settings)
-        _settings_panels(page)
+        _settings_panels(page, studio)
         _examples(page, settings.examples_file)
         _wire(demo, page, studio, config, catalog, settings, pool, missing, super_sampler)
     demo.i18n_instance = page_i18n()  # what launch()/mount_gradio_app() would set; both may pass it again
@@ -169,7 +169,7 @@ def _text_and_output(page: Page, settings: UISettings) -> None:
     page.outputs = (stream_out, full_out, gr.Markdown(elem_id="status"))
 
 
-def _settings_panels(page: Page) -> None:
+def _settings_panels(page: Page, studio) -> None:
     with gr.Accordion(_t("sampling"), open=True), gr.Row():
         for c in form.CONTROLS:
             if c.group == "sampling":
@@ -179,6 +179,14 @@ def _settings_panels(page: Page) -> None:
         for c in form.CONTROLS:
             if c.group == "advanced":
                 page.inputs[c.name] = _control(c)
+    with gr.Accordion(_t("engine_stages"), open=False):
+        gr.Markdown(stage_table(studio), elem_id="engine-stages")
+
+
+def stage_table(studio) -> str:
+    """Where each network runs, in which precision and with which backend (Studio.stage_plan), as a table."""
+    rows = "\n".join(f"| {s} | `{d}` | {p} | {b} |" for s, d, p, b in studio.stage_plan())
+    return f"| stage | device | precision | backend |\n|---|---|---|---|\n{rows}"
 
 
 def _examples(page: Page, path: Path) -> None:
@@ -227,8 +235,9 @@ def _wire_models(page: Page, config, catalog: ModelCatalog) -> None:
 
     page.rescan.click(rescan, None, [page.gpt, page.sovits], api_name="rescan_models")
     if config is not None:
-        def download(locale):
-            return handlers.download_weights(config.base_dir, config.active.version, locale=locale)
+        def download(locale, progress=gr.Progress()):  # noqa: B008 - Gradio injects the bar this way
+            return handlers.download_weights(config.base_dir, config.active.version, locale=locale,
+                                             progress=lambda share, what: progress(share, desc=what))
 
         page.download.click(download, page.ui_language, page.download_log, api_name="download_weights",
                             concurrency_limit=1)
@@ -331,6 +340,9 @@ def _notice(studio, settings: UISettings, locale: str) -> str:
     lines = [i18n.text("runs_on", locale, device=studio.runtime.device)]
     if settings.notice:
         lines.append(f"> {settings.notice}")
+    problem, command = getattr(studio, "g2pw_fix", ("", ""))
+    if problem:
+        lines.append(i18n.text("g2pw_missing", locale, problem=problem, command=command))
     if settings.random_weights:
         tokens = settings.max_tokens_per_sentence or 0
         lines.append(i18n.text("random_weights", locale, tokens=tokens or "∞", seconds=f"{tokens / 25:g}"))

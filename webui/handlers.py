@@ -151,15 +151,21 @@ def missing_report(missing: dict[str, Path], version: str, locale: str = "en") -
 
 
 def download_weights(root: str | os.PathLike, version: str, fetch: Callable[..., Any] | None = None,
-                     locale: str = "en") -> str:
-    """Fetch the official files of ``version`` under ``root``; the outcome as text (offline: what to get)."""
+                     locale: str = "en", progress: Callable[[float, str], Any] | None = None) -> str:
+    """Fetch the official files of ``version`` under ``root``; the outcome as text (offline: what to get).
+    ``progress(fraction, description)`` follows the bytes and files fetched (the page's progress bar)."""
     from engine.loading.download import assets_for, check_command, download
     from webui.i18n import text
+
+    def on_progress(files: int, total_files: int, done: int, total: int) -> None:
+        if progress is not None:
+            share = done / total if total else files / max(1, total_files)
+            progress(share, f"{files}/{total_files} files, {done / 2**20:.0f}/{total / 2**20:.0f} MiB")
 
     lines: list[str] = []
     try:  # the same --check command the CLI prints for this root and version
         (fetch or download)(root, assets_for([version]), log=lines.append,
-                            check_command=check_command([version], root))
+                            check_command=check_command([version], root), on_progress=on_progress)
     except EngineError as e:
         return f"{text('download.failed', locale)}\n\n```\n{e}\n```"
     return f"{text('download.done', locale)}\n\n```\n" + "\n".join(lines[-20:]) + "\n```"

@@ -4,24 +4,28 @@ Layout (official ``TTS.py`` ``TTS_Config.default_configs``): everything under
 ``<root>/GPT_SoVITS/pretrained_models/``, the paths the
 official ``tts_infer.yaml`` names, so a downloaded tree works with both the official code and ours.
 Sources: the official weight repo ``lj1995/GPT-SoVITS`` on the Hugging Face hub, NVIDIA's
-``nvidia/bigvgan_v2_24khz_100band_256x`` for the v3 vocoder, and (optional) the G2PW archive from
-``XXXXRT/GPT-SoVITS-Pretrained``, the mirror the official installer uses.
+``nvidia/bigvgan_v2_24khz_100band_256x`` for the v3 vocoder, and the G2PW archive from
+``XXXXRT/GPT-SoVITS-Pretrained`` (the mirror the official installer uses; with any v2+ version by default, as the
+official frontend reads v2+ Mandarin with it). Each repository has its own revision; URLs go through
+``HF_ENDPOINT`` as the hub client's do.
 
 ``huggingface_hub`` is imported only when something is actually fetched. Downloads resume (the hub
-client keeps partial files next to the target) and show its progress bars. After a download we
-verify what we can: the size and sha256 the hub reports for the file, and for the pretrained SoVITS
-files the md5 of their first 8 KiB that the official version detection keys on (``process_ckpt.py``
-``get_sovits_version_from_path_fast``).
+client keeps partial files next to the target) and show its per-file bars; ``on_progress`` follows the
+whole download (bytes and files). After a download we verify what we can: the size and sha256 the hub
+reports for the file, and for the pretrained SoVITS files the md5 of their first 8 KiB that the official
+version detection keys on (``process_ckpt.py`` ``get_sovits_version_from_path_fast``). :func:`check`
+verifies an installed tree offline by heads (and sizes, when the hub can say them).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import socket
 import zipfile
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from urllib.parse import urlsplit
@@ -57,6 +61,7 @@ class Asset:
     md5_head: str = ""  # md5 of the first 8 KiB when known (the official version detection table)
     unpack: str = ""  # for archives: the folder they are extracted to
     unpack_markers: tuple[str, ...] = ()  # files that prove an extracted archive is complete
+    source_url: str = ""  # a file outside the hub (the official repository's text tables), fetched as it is
 
     @property
     def target(self) -> PurePosixPath:
@@ -69,7 +74,18 @@ class Asset:
 
     @property
     def url(self) -> str:
-        return f"https://huggingface.co/{self.repo_id}/resolve/main/{self.filename}"
+        return self.url_at("main")
+
+    def url_at(self, revision: str) -> str:
+        """Where the file is fetched from: through ``HF_ENDPOINT`` (a mirror) when it is set, as the hub client."""
+        if self.source_url:
+            return self.source_url
+        return f"{hub_endpoint()}/{self.repo_id}/resolve/{revision}/{self.filename}"
+
+
+def hub_endpoint() -> str:
+    """The hub the client talks to: ``HF_ENDPOINT`` (e.g. a mirror), else huggingface.co."""
+    return (os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
 
 
 def _lj(filename: str, what: str, md5: str = "") -> Asset:
@@ -98,19 +114,33 @@ ASSETS: dict[str, tuple[Asset, ...]] = {
     "v2ProPlus": (GPT_V3, _lj("v2Pro/s2Gv2ProPlus.pth", "v2ProPlus SoVITS", "66b313e39455b57ab1b0bc0b239c9d0a"),
                   SV),
 }
-G2PW = Asset(G2PW_REPO, "G2PWModel.zip", "GPT_SoVITS/text", "G2PW polyphone model (optional, Chinese)",
+G2PW = Asset(G2PW_REPO, "G2PWModel.zip", "GPT_SoVITS/text", "G2PW polyphone model (Mandarin, v2+)",
              unpack="GPT_SoVITS/text/G2PWModel", unpack_markers=("POLYPHONIC_CHARS.txt",))
+OFFICIAL_REPO = "RVC-Boss/GPT-SoVITS"
+OFFICIAL_COMMIT = "48b1a0169a28582a8984402f82cf438d3bfa6aca"  # the official code we stay compatible with
+# G2PW's word corrections, which official chinese2.py applies after the model (not in the model archive)
+G2PW_CORRECTIONS = tuple(
+    Asset(OFFICIAL_REPO, name, "GPT_SoVITS/text/g2pw", f"G2PW correction dictionary {name} (official)",
+          source_url=f"https://raw.githubusercontent.com/{OFFICIAL_REPO}/{OFFICIAL_COMMIT}/GPT_SoVITS/text/g2pw/{name}")
+    for name in ("polyphonic.rep", "polyphonic-fix.rep"))
 
 
-def assets_for(versions: Iterable[str], *, g2pw: bool = False) -> list[Asset]:
-    """Every file the given versions need (shared files once), in a stable order."""
+def wants_g2pw(versions: Iterable[str]) -> bool:
+    """G2PW by default: the official frontend reads v2+ Mandarin with it (chinese2.py, ``is_g2pw = True``)."""
+    return any(v != "v1" for v in versions)
+
+
+def assets_for(versions: Iterable[str], *, g2pw: bool | None = None) -> list[Asset]:
+    """Every file the given versions need (shared files once), in a stable order; ``g2pw`` None: with v2+."""
+    versions = list(versions)
+    g2pw = wants_g2pw(versions) if g2pw is None else g2pw
     chosen: list[Asset] = [*HUBERT, *ROBERTA]
     for version in versions:
         if version not in ASSETS:
             raise DownloadError(f"--version: unknown version {version!r}; use one of {', '.join(VERSIONS)} or all")
         chosen += ASSETS[version]
     if g2pw:
-        chosen.append(G2PW)
+        chosen += [G2PW, *G2PW_CORRECTIONS]
     return list(dict.fromkeys(chosen))
 
 
@@ -150,12 +180,14 @@ def _sha256(path: Path) -> str:
 
 
 def missing_message(root: Path, missing: Sequence[Asset], reason: str = "",
-                    check_command: str = "sovits-studio download --check") -> str:
+                    check_command: str = "sovits-studio download --check",
+                    revisions: Mapping[str, str] | None = None) -> str:
     """What is missing, where to get it and exactly where to put it."""
     lines = [f"{len(missing)} file(s) are missing{f' ({reason})' if reason else ''}:"]
     for a in missing:
         dest = (Path(root) / a.installed).resolve()
-        how = f"unzip {a.url} there (one folder holding {', '.join(a.unpack_markers)})" if a.unpack else a.url
+        url = a.url_at((revisions or {}).get(a.repo_id, "main"))
+        how = f"unzip {url} there (one folder holding {', '.join(a.unpack_markers)})" if a.unpack else url
         lines.append(f"  {a.what}: {dest}\n      from {how}")
     lines.append("Put each file at the path shown (the official GPT-SoVITS layout), then run "
                  f"`{check_command}` to verify.")
@@ -180,10 +212,12 @@ def _hub():
     return huggingface_hub
 
 
-def check_command(versions: Iterable[str], root: str | os.PathLike, g2pw: bool = False) -> str:
+def check_command(versions: Iterable[str], root: str | os.PathLike, g2pw: bool | None = None) -> str:
     """The ``download --check`` command for these versions and root (what the CLI and the page both print)."""
-    return " ".join(["sovits-studio download", *(f"--version {v}" for v in dict.fromkeys(versions)),
-                     *(["--g2pw"] if g2pw else []), f"--root {root}", "--check"])
+    versions = list(dict.fromkeys(versions))
+    flag = [] if g2pw is None or g2pw == wants_g2pw(versions) else ["--g2pw" if g2pw else "--no-g2pw"]
+    return " ".join(["sovits-studio download", *(f"--version {v}" for v in versions), *flag, f"--root {root}",
+                     "--check"])
 
 
 def _hub_unreachable(timeout: float = 3.0) -> str:
@@ -206,7 +240,8 @@ def _hub_unreachable(timeout: float = 3.0) -> str:
 
 
 _OFFLINE_ERRORS = {"OfflineModeIsEnabled", "LocalEntryNotFoundError", "ConnectionError", "ConnectError", "Timeout",
-                   "TimeoutException", "ReadTimeout", "ConnectTimeout", "NetworkError", "ProxyError", "SSLError"}
+                   "TimeoutException", "ReadTimeout", "ConnectTimeout", "NetworkError", "ProxyError", "SSLError",
+                   "URLError"}
 
 
 def _is_offline_error(e: BaseException) -> bool:
@@ -252,7 +287,27 @@ def _unpack(zip_path: Path, dest: Path, asset: Asset) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def _fetch_url(url: str, target: Path, timeout: float = 30.0) -> None:
+    """A file outside the hub, written whole or not at all (proxies from the environment, as urllib does)."""
+    import urllib.error
+    import urllib.request
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(target.name + ".partial")
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response, open(partial, "wb") as out:
+            shutil.copyfileobj(response, out)
+    except urllib.error.HTTPError as e:  # the server answered: not a connection problem
+        partial.unlink(missing_ok=True)
+        raise DownloadError(f"fetching {url} failed: HTTP {e.code} {e.reason}") from e
+    partial.replace(target)
+
+
 def _fetch_one(hub, root: Path, a: Asset, revision: str, verify_checksums: bool) -> None:
+    if a.source_url:
+        _fetch_url(a.source_url, root / a.target)
+        verify(root, a)
+        return
     local_dir = root / a.folder
     local_dir.mkdir(parents=True, exist_ok=True)
     got = Path(hub.hf_hub_download(repo_id=a.repo_id, filename=a.filename, revision=revision,
@@ -267,18 +322,26 @@ def _fetch_one(hub, root: Path, a: Asset, revision: str, verify_checksums: bool)
         (root / a.target).unlink(missing_ok=True)
 
 
+Progress = Callable[[int, int, int, int], None]  # (files done, files to fetch, bytes done, bytes to fetch)
+
+
 def download(
     root: str | os.PathLike,
     assets: Sequence[Asset],
     *,
-    revision: str = "main",
+    revisions: Mapping[str, str] | None = None,
     verify_checksums: bool = True,
     log: Callable[[str], None] = print,
     check_command: str = "sovits-studio download --check",
+    on_progress: Progress | None = None,
 ) -> DownloadReport:
     """Fetch every asset not yet present under ``root``. Raises DownloadError listing what is still
-    missing (and where it goes) when the hub cannot be reached or a download is corrupt."""
+    missing (and where it goes) when the hub cannot be reached or a download is corrupt.
+
+    ``revisions``: repository -> branch, tag or commit (default main for each). ``on_progress`` hears the files
+    and bytes fetched so far against the totals (sizes the hub reports; 0 when it does not say)."""
     root = Path(root)
+    revisions = dict(revisions or {})
     report = DownloadReport()
     todo: list[Asset] = []
     for a in assets:
@@ -290,18 +353,27 @@ def download(
     unreachable = _hub_unreachable()
     if unreachable:
         report.missing = todo
-        raise DownloadError(missing_message(root, todo, f"the hub cannot be reached: {unreachable}", check_command),
-                            report)
+        raise DownloadError(missing_message(root, todo, f"the hub cannot be reached: {unreachable}", check_command,
+                                            revisions), report)
     offline = ""
     corrupt: list[str] = []
+    sizes = [0 if a.source_url else _hub_checksum(hub, a, revisions.get(a.repo_id, "main"))[1] or 0
+             for a in todo] if on_progress else []
+    done_bytes = 0
+    if on_progress:
+        on_progress(0, len(todo), 0, sum(sizes))
     for i, a in enumerate(todo, 1):
         if offline:  # the hub is unreachable: list the rest without trying each
             report.missing.append(a)
             continue
-        log(f"[{i}/{len(todo)}] {a.repo_id}/{a.filename} -> {root / a.installed}")
+        revision = revisions.get(a.repo_id, "main")
+        log(f"[{i}/{len(todo)}] {a.url_at(revision)} -> {root / a.installed}")
         try:
             _fetch_one(hub, root, a, revision, verify_checksums)
             report.fetched.append(a)
+            if on_progress:
+                done_bytes += sizes[i - 1]
+                on_progress(i, len(todo), done_bytes, sum(sizes))
         except CheckpointError as e:
             (root / a.target).unlink(missing_ok=True)  # a corrupt file must not pass for a present one
             report.missing.append(a)
@@ -316,20 +388,77 @@ def download(
             report.missing.append(a)
             offline = f"the hub cannot be reached: {type(e).__name__}"
     if report.missing:
-        raise DownloadError(missing_message(root, report.missing, offline or "; ".join(corrupt), check_command), report)
+        raise DownloadError(missing_message(root, report.missing, offline or "; ".join(corrupt), check_command,
+                                            revisions), report)
     return report
 
 
-def check(root: str | os.PathLike, assets: Sequence[Asset]) -> tuple[list[Asset], list[tuple[Asset, str]]]:
-    """Offline check of an installed tree: (missing assets, [(asset, problem)] for present but wrong ones)."""
+def file_head_problem(path: Path) -> str:
+    """What is wrong with the first bytes of a fetched file for its kind ("" when they look right): PyTorch files
+    (.pth .ckpt .pt .bin) start as a zip (``torch.save``) or a pickle, JSON files parse, ONNX files are protobuf
+    (not an HTML error page or a Git LFS pointer), text tables are UTF-8."""
+    with open(path, "rb") as f:
+        head = f.read(HEAD_PEEK)
+    if head.startswith(b"version https://git-lfs"):
+        return "a Git LFS pointer, not the file itself"
+    if head.lstrip()[:15].lower().startswith((b"<!doctype", b"<html")):
+        return "an HTML page (an error or login page), not the file"
+    suffix = path.suffix.lower()
+    if suffix in (".pth", ".ckpt", ".pt", ".bin") and not (head.startswith(b"PK\x03\x04") or head[:1] == b"\x80"):
+        return "not a PyTorch file (neither a torch.save zip nor a pickle)"
+    if suffix == ".json":
+        try:
+            json.loads(path.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as e:
+            return f"not valid JSON ({e})"
+    if suffix == ".onnx" and head[:1] not in (b"\x08", b"\x0a", b"\x12", b"\x1a", b"\x22", b"\x3a"):
+        return "not an ONNX model"
+    return ""
+
+
+HEAD_PEEK = 64  # bytes read to tell a file's format
+G2PW_FILES = ("POLYPHONIC_CHARS.txt", "MONOPHONIC_CHARS.txt", "bopomofo_to_pinyin_wo_tune_dict.json",
+              "char_bopomofo_dict.json", "config.py", "g2pW.onnx")  # what the G2PW converter reads
+
+
+def check(root: str | os.PathLike, assets: Sequence[Asset],
+          sizes: Mapping[Asset, int] | None = None) -> tuple[list[Asset], list[tuple[Asset, str]]]:
+    """Check of an installed tree: (missing assets, [(asset, problem)] for present but wrong ones). Every file is
+    checked by its head (the official md5 of the first 8 KiB where the official code keys on one, else its
+    format: :func:`file_head_problem`) and, with ``sizes`` (bytes the hub reports, see :func:`hub_sizes`), by its
+    size; the G2PW folder file by file."""
     root = Path(root)
     missing, wrong = [], []
     for a in assets:
         if not is_present(root, a):
             missing.append(a)
-        elif not a.unpack:
-            try:
-                verify(root, a)
-            except CheckpointError as e:
-                wrong.append((a, str(e)))
+            continue
+        if a.unpack:
+            folder = root / a.installed
+            if lacking := [n for n in G2PW_FILES if not (folder / n).is_file() or not (folder / n).stat().st_size]:
+                wrong.append((a, f"{a.what}: {folder} lacks {', '.join(lacking)}; delete it and download again"))
+            elif problem := file_head_problem(folder / "g2pW.onnx"):
+                wrong.append((a, f"{a.what}: {folder / 'g2pW.onnx'} is {problem}; delete the folder and download "
+                                 "again"))
+            continue
+        try:
+            verify(root, a, expected_size=(sizes or {}).get(a))
+        except CheckpointError as e:
+            wrong.append((a, str(e)))
+            continue
+        if problem := file_head_problem(root / a.target):
+            wrong.append((a, f"{a.what}: {root / a.target} is {problem}; delete it and download again"))
     return missing, wrong
+
+
+def hub_sizes(assets: Sequence[Asset], revisions: Mapping[str, str] | None = None) -> dict[Asset, int]:
+    """The sizes the hub reports for the (non-archive) assets; {} when the hub cannot be reached."""
+    if _hub_unreachable():
+        return {}
+    hub = _hub()
+    out = {}
+    for a in assets:
+        if not a.unpack and not a.source_url and (
+                size := _hub_checksum(hub, a, (revisions or {}).get(a.repo_id, "main"))[1]):
+            out[a] = size
+    return out

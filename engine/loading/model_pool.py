@@ -67,6 +67,7 @@ class WeightSet:
     vocoder_backend: str = "torch"  # "torch" or "coreml" (config key vocoder_backend; coreml on macOS only)
     vocoder_package: str = ""  # the Core ML package for "coreml" (config key vocoder_coreml_package)
     per_version: tuple[tuple[str, str, str], ...] = ()  # (version, config key, value) set by the config
+    g2pw: Path | None = None  # G2PW model folder (Mandarin polyphones, v2+); None: the official location
 
     @classmethod
     def from_config(cls, config, gpt: str | os.PathLike | None = None,
@@ -88,6 +89,7 @@ class WeightSet:
             ssl=config.path("cnhuhbert_base_path"),
             base_dir=config.base_dir,
             per_version=tuple(entries),
+            g2pw=config.g2pw_folder(),
         )
 
     def replace(self, gpt: str | os.PathLike | None = None, sovits: str | os.PathLike | None = None) -> "WeightSet":
@@ -105,6 +107,26 @@ class WeightSet:
         chosen = Path(own) if own else (self.vocoder if kind == "vocoder" else self.sv)
         return chosen if chosen is not None else self.base_dir / OFFICIAL_EXTRAS["sv" if kind == "sv" else version]
 
+    def with_vocoder_backend(self, backend: str | None) -> "WeightSet":
+        """Every version on ``backend`` (``--vocoder-backend``): the config's per-version backend keys give way,
+        its packages stay. None: unchanged."""
+        from dataclasses import replace
+
+        if backend is None:
+            return self
+        from engine.config import VOCODER_BACKENDS
+
+        if backend not in VOCODER_BACKENDS:
+            raise OptionsError(f"vocoder backend {backend!r} is not one of {', '.join(VOCODER_BACKENDS)}")
+        kept = tuple(e for e in self.per_version if e[1] != "vocoder_backend")
+        return replace(self, vocoder_backend=backend, per_version=kept)
+
+    def g2pw_folder(self) -> Path:
+        """Where the G2PW model should be (official chinese2.py: ``GPT_SoVITS/text/G2PWModel`` under the root)."""
+        from engine.config import G2PW_FOLDER
+
+        return self.g2pw if self.g2pw is not None else self.base_dir / G2PW_FOLDER
+
     def backend(self, version: str) -> tuple[str, str]:
         """(vocoder backend, Core ML package) for models of ``version``."""
         return (self.setting("vocoder_backend", version) or self.vocoder_backend,
@@ -114,7 +136,8 @@ class WeightSet:
         """(version, package) of the v1/v2/v2Pro* versions whose HiFi-GAN decoder should run in Core ML."""
         from engine.versions import DIRECT_VERSIONS
 
-        return tuple((v, pkg) for v in DIRECT_VERSIONS for backend, pkg in [self.backend(v)] if backend == "coreml")
+        return tuple((v, pkg) for v in DIRECT_VERSIONS for backend, pkg in [self.backend(v)]
+                     if backend == "coreml" and pkg)  # without a package: torch (config.problems() says so)
 
 
 def check_weight_path(path: str | os.PathLike, roots: tuple[str, ...], name: str, must_exist: bool = True) -> Path:
@@ -153,6 +176,7 @@ class Models:
     vocoder: Any = None  # v3 BigVGAN / v4 HiFi-GAN: the torch module, or a Core ML wrapper (mel -> audio)
     sv: nn.Module | None = None  # ERes2NetV2 (v2Pro*)
     t2s_fast: Any = None  # engine.t2s.fast.FastT2S over ``t2s`` (CUDA graphs), when the engine uses it
+    zh_g2p: Any = None  # engine.text.chinese.ChineseG2P with G2PW (v2+, model present); None: pypinyin
 
     @property
     def id(self) -> str:
@@ -293,6 +317,7 @@ class ModelPool:
         # no entry limit; every network of the set being handed out is kept, even past max_bytes
         self._cache: LRUCache[Hashable, Any] = LRUCache(max_bytes=max_bytes, size_of=size_of, name="model pool",
                                                         log_level=logging.INFO)
+        self._mandarin_cache: LRUCache[Hashable, Any] = LRUCache(max_entries=2, name="G2PW converters")
 
     # ---- public ------------------------------------------------------------------------
     def models(self, weights: WeightSet, runtime: Runtime) -> Models:
@@ -320,9 +345,10 @@ class ModelPool:
             path = check_weight_path(weights.extra("sv", version), (), "speaker-verification weights (sv_weights_path)")
             sv = self._get("sv", path, runtime, pinned)
         self._cache.evict(self.max_bytes, keep=set(pinned))  # the set just handed out stays
+        zh_g2p = self._mandarin(weights.g2pw_folder(), bert_path) if version != "v1" else None
         return Models(weights=weights, runtime=runtime, t2s=t2s, early_stop_num=early_stop, mute_similarity=sim,
                       sovits=sovits, version=version, sovits_sample_rate=sr, ssl=ssl, bert=bert, vocoder=vocoder,
-                      sv=sv, t2s_fast=fast)
+                      sv=sv, t2s_fast=fast, zh_g2p=zh_g2p)
 
     def shrink(self, fraction: float = 0.5) -> int:
         """Drop least recently used networks until at most ``fraction`` of the bytes remain."""
@@ -370,6 +396,16 @@ class ModelPool:
         return self._cache.evictions
 
     # ---- internals ---------------------------------------------------------------------
+    def _mandarin(self, folder: Path, tokenizer: Path):
+        """The v2+ Mandarin converter with G2PW when its folder is there (the official chinese2.py's
+        ``is_g2pw = True``); None (pypinyin) when it is not, or cannot run (logged once per folder)."""
+        from engine.text.chinese import g2pw_converter
+
+        if not folder.is_dir():
+            return None
+        key = (str(folder), str(tokenizer))
+        return self._mandarin_cache.get_or_build(key, lambda: g2pw_converter(folder, tokenizer))[0]
+
     def _get(self, kind: str, path: Path, rt: Runtime, pinned: list, *extra: Any) -> Any:
         key = (kind, str(path), str(rt.device), str(rt.dtype_for(kind)), *extra)
         pinned.append(key)

@@ -48,6 +48,7 @@ MAX_ACOUSTIC_BATCH = 128  # streaming chunks decoded together (CUDA)
 # each device sync) gets it after at most this long, not after the default 5 ms that any CPU-bound thread (a
 # request's text front end) may hold it; with many clients the default throttles every decode step.
 GIL_SWITCH_INTERVAL_S = 0.0005
+T2S_STAGE = "t2s"  # the DeviceFallback stage of the decode steps
 
 
 class SchedulerClosedError(EngineError):
@@ -113,10 +114,11 @@ class Scheduler:
     """Owns the decoding of one model set on one device; see the module docstring."""
 
     def __init__(self, models, config: SchedulerConfig = SchedulerConfig(), gate: DeviceGate | None = None,
-                 on_event: Callable[[str, int], None] | None = None) -> None:
+                 on_event: Callable[[str, int], None] | None = None, fallback=None) -> None:
         self.models, self.config = models, config
         self.gate = gate if gate is not None else DeviceGate()  # shared with every device user of the engine
         self._on_event = on_event  # ("rebuild" | "graphs_captured" | "acoustic_failure", count) for metrics
+        self.fallback = fallback  # engine.runtime.DeviceFallback: T2S steps the device cannot run move to the CPU
         slots = config.slots or auto_slots(models.t2s, config.context, config.memory_fraction)
         self.slots = slots
         self.decoder = self._make_decoder()
@@ -334,12 +336,14 @@ class Scheduler:
             for request in failed:
                 self._active.discard(request)
         for request in failed:
-            request.finish(StepFailedError(
-                "the decoding step this request was in failed on the device; the engine rebuilt its state: "
-                "send the request again", retry_after=1.0))
+            failure = StepFailedError("the decoding step this request was in failed on the device; the engine "
+                                      "rebuilt its state: send the request again", retry_after=1.0)
+            failure.__context__ = error  # for tracebacks in process; clients see only the message
+            request.finish(failure)
         try:
             with self.gate.capture():  # nothing else on the device while its memory is given back and retaken
-                self.decoder = None  # type: ignore[assignment]  # free the KV pool before the new one
+                if self.decoder is not None:
+                    self.decoder.release()  # free the KV pool before the new one is allocated
                 if self.models.device.type == "cuda":
                     torch.cuda.empty_cache()
                 self.decoder = self._make_decoder()
@@ -418,9 +422,9 @@ class Scheduler:
         if not rows:
             return
         if self.decoder.device.type == "cuda":
-            toks, args = self.decoder.prefill(rows, inputs, prompts, params, min_steps, keys)
+            toks, args = self._t2s(lambda: self.decoder.prefill(rows, inputs, prompts, params, min_steps, keys))
         else:  # one by one: no padding, so a row's numbers do not depend on its neighbours
-            out = [self.decoder.prefill([r], [i], [p], [s], [m], [k])
+            out = [self._t2s(lambda: self.decoder.prefill([r], [i], [p], [s], [m], [k]))
                    for r, i, p, s, m, k in zip(rows, inputs, prompts, params, min_steps, keys)]
             toks, args = np.concatenate([o[0] for o in out]), np.concatenate([o[1] for o in out])
         self._n += len(rows)
@@ -429,9 +433,27 @@ class Scheduler:
     def _decode_step(self) -> None:
         n = self._n
         self.decoder.window = int(math.ceil((self._length[:n].max() + 2) / 64) * 64)
-        toks, args = self.decoder.step(n)
+        toks, args = self._t2s(lambda: self.decoder.step(n))
         self.steps += 1
         self._absorb(np.arange(n, dtype=np.int64), toks, args)
+
+    def _t2s(self, call):
+        """A prefill or decode step through the device fallback: when the device lacks one of its operators
+        (MPS), this model set's slot pool moves to the CPU with its KV cache (logged once, counted in
+        /metrics) and the step runs again there; a failed step leaves only rewritable state behind."""
+        moved = self.decoder.model is not self.models.t2s  # the pool runs on a CPU copy already
+        try:
+            out = call()
+        except (NotImplementedError, RuntimeError, TypeError) as err:
+            if moved or self.fallback is None or not self.fallback.moves_to_cpu(T2S_STAGE, self.decoder.device, err):
+                raise
+            log.warning("the scheduler of %s moves its %d slots (KV cache included) to the CPU", self.models.id,
+                        self.slots)
+            self.decoder.to_cpu(self.fallback.cpu_model(self.models.t2s))
+            return call()
+        if moved:
+            self.fallback.count(T2S_STAGE)  # a step of a moved pool
+        return out
 
     def _absorb(self, rows: np.ndarray, toks: np.ndarray, args: np.ndarray) -> None:
         """Apply the official stop rules to one sampled token per row; hand out due chunks; free stopped rows."""

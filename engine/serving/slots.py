@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.models.t2s import Text2SemanticModel
+from engine.runtime import copy_to_host
 from engine.serving.sampling import RowParams, sample_rows
 from engine.t2s.decoding import SamplingParams, T2SInput, prefix_lm_mask
 from engine.t2s.fast import fused_layers
@@ -155,11 +156,8 @@ class SlotDecoder:
                 self.missing.add(b)
             self._step_rows(b)
         self.pos_host = (self.pos_host + 1) % self.capacity
-        self._host[0, :b].copy_(self.out_token[:b], non_blocking=True)
-        self._host[1, :b].copy_(self.out_argmax[:b], non_blocking=True)
-        if self.device.type == "cuda":
-            torch.cuda.current_stream(self.device).synchronize()
-        host = self._host.numpy()
+        copy_to_host(((self._host[0, :b], self.out_token[:b]), (self._host[1, :b], self.out_argmax[:b])), self.device)
+        host = self._host.numpy()  # read only after copy_to_host waited for the device (CUDA, MPS, ...)
         return host[0, :n].copy(), host[1, :n].copy()
 
     def _capture(self, b: int) -> torch.cuda.CUDAGraph:
@@ -267,6 +265,14 @@ class SlotDecoder:
         self.step_index[rows_t] = 1
         return tok.cpu().numpy(), arg.cpu().numpy()
 
+    def release(self) -> None:
+        """Give back the KV pool and the graphs (after a failed step, before a new decoder is made); the
+        decoder is unusable afterwards."""
+        empty = torch.zeros(0, device=self.device, dtype=self.dtype)
+        self.k, self.v = empty, empty
+        self._graphs, self._pool = {}, None
+        self.use_graph, self.buckets = False, ()
+
     # ---- bookkeeping --------------------------------------------------------------------------
     @torch.inference_mode()
     def move(self, src: int, dst: int) -> None:
@@ -282,3 +288,19 @@ class SlotDecoder:
     @torch.inference_mode()
     def clear(self, row: int) -> None:
         self.valid[row] = False
+
+    # ---- device fallback ----------------------------------------------------------------------
+    @torch.inference_mode()
+    def to_cpu(self, model: Text2SemanticModel) -> None:
+        """Carry on on the CPU in float32 with ``model`` (a CPU copy of the shared model): every state tensor
+        (KV cache, rows, sampling parameters) moves, so the rows decoding now continue where they are."""
+        def cpu(t: torch.Tensor) -> torch.Tensor:
+            return t.to("cpu", torch.float32) if t.is_floating_point() else t.cpu()
+
+        for name, value in list(vars(self).items()):
+            if isinstance(value, torch.Tensor) and name != "_host":
+                setattr(self, name, cpu(value))
+        p = self.params
+        self.params = RowParams(*(cpu(t) for t in (p.top_k, p.top_p, p.temperature, p.penalty, p.min_steps, p.key)))
+        self.model, self.device, self.dtype = model, torch.device("cpu"), torch.float32
+        self.use_graph, self._tk, self.buckets, self._graphs, self._pool = False, None, (), {}, None

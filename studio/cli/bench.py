@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = BenchConfig(version=args.random_weights, config=args.config, tiny=args.tiny, device=args.device,
                       precision=args.precision, tokens=tokens, repeats=repeats, batches=batches, streams=streams,
                       reference=args.ref, reference_text=args.ref_text or REF_TEXT, reference_lang=args.ref_lang,
-                      t2s_decoder=args.t2s_decoder)
+                      t2s_decoder=args.t2s_decoder, vocoder_backend=args.vocoder_backend)
     report = run_benchmark(cfg, log=lambda s: print(s, file=sys.stderr, flush=True))
     print(json.dumps(report, indent=1, ensure_ascii=False) if args.json else format_report(report))
     return 0

@@ -53,6 +53,16 @@ def add_device_arguments(parser: argparse.ArgumentParser, *, device: str | None 
     parser.add_argument("--precision", default=precision, choices=PRECISIONS,
                         help="auto (per stage: fp16 with an fp32 vocoder on MPS, fp16 on CUDA, fp32 on CPU), fp32, "
                              f"fp16 or bf16 (default: {precision or 'the config' + chr(39) + 's is_half'})")
+    add_vocoder_backend_argument(parser)
+
+
+def add_vocoder_backend_argument(parser: argparse.ArgumentParser) -> None:
+    """``--vocoder-backend {torch,coreml}``: every version's vocoder backend (default: the config's keys)."""
+    from engine.config import VOCODER_BACKENDS
+
+    parser.add_argument("--vocoder-backend", default=None, choices=VOCODER_BACKENDS,
+                        help="torch, or coreml (macOS: the Core ML packages the config names, per version); "
+                             "default: each section's vocoder_backend")
 
 
 def add_engine_limits(parser: argparse.ArgumentParser) -> None:
@@ -128,7 +138,8 @@ def build_studio(config, args: argparse.Namespace, **settings):
 
     A device named only by the config that this machine lacks falls back to auto with a printed notice
     (``studio.device_notice``); a device given on the command line must exist. Config settings that cannot
-    work as written are printed as warnings (``studio.config_notices``).
+    work as written are printed as warnings (``studio.config_notices``), and so is a v2+ Mandarin frontend
+    without G2PW (``studio.g2pw_notice``, with the command that fetches it).
     """
     from engine.config import ENGINE
     from engine.options import EngineSettings
@@ -138,10 +149,13 @@ def build_studio(config, args: argparse.Namespace, **settings):
         settings.setdefault("max_text_chars", args.max_text_chars)
     settings = {**knob_settings(ENGINE, knob_values(config, args)), **settings}
     studio = Studio.from_config(config, device=getattr(args, "device", None),
-                                precision=getattr(args, "precision", None), settings=EngineSettings(**settings))
+                                precision=getattr(args, "precision", None), settings=EngineSettings(**settings),
+                                vocoder_backend=getattr(args, "vocoder_backend", None))
     for notice in (studio.device_notice, *studio.config_notices):
         if notice:
             print(f"warning: {notice}", file=sys.stderr)
+    if studio.g2pw_notice:
+        print(f"note: {studio.g2pw_notice}", file=sys.stderr)
     return studio
 
 

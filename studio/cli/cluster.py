@@ -36,6 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     flag("--object-store-mb", type=int, help="object store of the Ray started here, MiB (default: Ray's)")
     flag("--device", help="auto, cpu, cuda, mps (default: the config's); each replica sees its own GPUs")
     flag("--precision", choices=PRECISIONS)
+    flag("--vocoder-backend", choices=("torch", "coreml"), help="every version's vocoder backend (default: the "
+                                                               "config's vocoder_backend keys)")
     flag("--voices-dir", help=f"saved voices, shared by all replicas (default ./{C.voices_dir})")
     flag("--reference-dir", dest="reference_dirs", action="append", metavar="DIR",
          help="folder ref_audio_path may name files in (repeatable; default: the working folder)")

@@ -43,6 +43,7 @@ class ClusterConfig:
     infer_config: str | None = None  # tts_infer.yaml; None: the built-in defaults (the CLI looks for one)
     device: str | None = None  # None: the config's
     precision: str | None = None
+    vocoder_backend: str | None = None  # torch | coreml for every version; None: the config's
     # -- server limits (as `serve`)
     voices_dir: str = "voices"  # saved voices, shared by every replica (a folder on shared storage)
     reference_dirs: tuple[str, ...] = ()  # folders ref_audio_path may name; empty: the working folder

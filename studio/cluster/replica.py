@@ -49,7 +49,7 @@ class Synthesizer:
         self.config = config
         self.state = state  # DeploymentHandle of ClusterState
         self.studio = Studio.from_config(config.engine_config(), device=config.device, precision=config.precision,
-                                         settings=config.engine_settings())
+                                         settings=config.engine_settings(), vocoder_backend=config.vocoder_backend)
         self.app = create_app(self.studio, config.server_settings())
         self.context = self.app.state.context
         self.replica_id = serve.get_replica_context().replica_id.unique_id

@@ -134,3 +134,29 @@ def test_steps_are_registered_once() -> None:
     guard.add_step(DegradeStep("x", lambda: 0))
     with pytest.raises(ValueError, match="twice"):
         guard.add_step(DegradeStep("x", lambda: 0))
+
+
+def test_a_16_gb_mac_with_6_gb_of_models_is_not_refused() -> None:
+    """macOS keeps its memory full of file cache and compressible pages: psutil's available (free + inactive)
+    says 1.2 GB, while macOS's own level says 48 % (7.7 GB) would still be given. Metal holds 6.4 GB of its
+    10.7 GB budget for our 6 GB of models. The watermark reads what the OS will give: the request is admitted."""
+    from engine.memory import system_used
+
+    total, psutil_available, macos_level = 16 * GIB, int(1.2 * GIB), int(0.48 * 16 * GIB)
+    metal = MpsMemory(current=6 * GIB, driver=int(6.4 * GIB), recommended_max=int(10.7 * GIB))
+
+    def guard(system) -> MemoryGuard:
+        sources = MemorySources(system=lambda: system, mps=lambda: metal, cuda=lambda i: None)
+        return MemoryGuard(EngineSettings(memory_watermark=0.9, on_memory_pressure="refuse"),
+                           lambda device: read_memory(device, sources), release=lambda device: None)
+
+    seen = system_used(total, psutil_available, macos_level)
+    assert seen == (total - macos_level, total)
+    admitted = guard(seen).admit("mps")
+    assert admitted.device == "mps" and admitted.reading.source == "mps"  # Metal's budget is the tighter one
+    with pytest.raises(MemoryPressureError):  # psutil alone (what the watermark read before) refuses it
+        guard(system_used(total, psutil_available, None)).admit("mps")
+    # a Mac that really is full is still refused: the OS figure only ever adds what psutil leaves out
+    assert system_used(total, psutil_available, GIB // 10) == (total - psutil_available, total)
+    with pytest.raises(MemoryPressureError):
+        guard(system_used(total, GIB // 10, GIB // 10)).admit("mps")

@@ -56,9 +56,66 @@ def make_g2p(
         return ChineseG2P(erhua=erhua)
 
 
+def missing_g2pw_packages() -> list[str]:
+    """G2PW's runtime packages that are not installed (the ``g2pw`` extra, part of ``[server]``/``[webui]``)."""
+    import importlib.util
+
+    return [p for p in ("onnxruntime", "opencc") if importlib.util.find_spec(p) is None]
+
+
+def g2pw_problem(folder: str | Path) -> str:
+    """Why the G2PW model in ``folder`` cannot be used ("" when it can): an absent or incomplete folder, or a
+    missing runtime package (onnxruntime, opencc: the ``[webui]`` and ``[server]`` extras bring them)."""
+    from .g2pw import REQUIRED_FILES
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        return f"no G2PW model at {folder}"
+    missing = [f for f in REQUIRED_FILES if not (folder / f).is_file()]
+    if not any((folder / n).is_file() for n in ("g2pW.onnx", "g2pw.onnx")):
+        missing.append("g2pW.onnx")
+    if missing:
+        return f"the G2PW folder {folder} lacks {', '.join(missing)}"
+    packages = missing_g2pw_packages()
+    if packages:
+        return f"G2PW needs {' and '.join(packages)} (pip install onnxruntime opencc, or the [webui] extra)"
+    return ""
+
+
+def g2pw_fetch_command(root: str | Path) -> str:
+    """The command that puts the G2PW model where the engine looks for it by default."""
+    return f"sovits-studio download --g2pw --root {root}"
+
+
+def g2pw_notice(problem: str, root: str | Path) -> str:
+    """The one-time notice of a front door whose v2+ Mandarin runs without G2PW (``problem``: see g2pw_problem)."""
+    return (f"Mandarin polyphones are read with pypinyin, not G2PW as the official v2+ frontend does ({problem}); "
+            f"fetch G2PW with `{g2pw_fetch_command(root)}`")
+
+
+def g2pw_converter(folder: str | Path, tokenizer_dir: str | Path) -> ChineseG2P | None:
+    """The v2+ converter with the G2PW model of ``folder`` (tokenizer: the chinese-roberta folder), or None
+    when it cannot run here (the reason is logged)."""
+    import logging
+
+    from engine.errors import CheckpointError
+
+    from .g2pw import G2PWConverter
+
+    problem = g2pw_problem(folder)
+    try:
+        if not problem:
+            return ChineseG2P(erhua=True, g2pw=G2PWConverter.from_folder(folder, tokenizer_dir))
+    except CheckpointError as e:
+        problem = str(e)
+    logging.getLogger(__name__).warning("Mandarin polyphones come from pypinyin: %s", problem)
+    return None
+
+
 def g2p(norm_text: str, version: str = "v2", converter: ChineseG2P | None = None) -> tuple[list[str], list[int]]:
     """Normalised Mandarin text -> (phones, word2ph). ``converter`` overrides the default (e.g. one with G2PW)."""
     return (converter or default_g2p("v1" if version == "v1" else "v2"))(norm_text)
 
 
-__all__ = ["ChineseG2P", "TextNormalizer", "default_g2p", "g2p", "make_g2p", "normalize"]
+__all__ = ["ChineseG2P", "TextNormalizer", "default_g2p", "g2p", "g2pw_converter", "g2pw_fetch_command", "g2pw_notice", "g2pw_problem",
+           "make_g2p", "missing_g2pw_packages", "normalize"]
