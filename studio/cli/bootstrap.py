@@ -122,6 +122,36 @@ def token_cap(config, args: argparse.Namespace) -> int | None:
     return getattr(args, "max_tokens_per_sentence", None) or config.active.max_tokens_per_sentence or None
 
 
+def engine_settings(config, args: argparse.Namespace, **settings):
+    """``EngineSettings`` of a command: the knobs (flags over the config's keys), ``--max-text-chars`` and
+    the fields given here. ``serve``, ``webui``, ``synth`` and every cluster replica build theirs here."""
+    from engine.config import ENGINE
+    from engine.options import EngineSettings
+
+    if getattr(args, "max_text_chars", None) is not None:
+        settings.setdefault("max_text_chars", args.max_text_chars)
+    return EngineSettings(**{**knob_settings(ENGINE, knob_values(config, args)), **settings})
+
+
+def warmup_settings(config, args: argparse.Namespace):
+    """What the start-up warm-up does: the ``warmup`` knob (``--no-warmup``) over the config's."""
+    from engine.config import WARMUP
+    from engine.warmup import WarmupSettings
+
+    return WarmupSettings(**knob_settings(WARMUP, knob_values(config, args)))
+
+
+def incomplete_weights_warning(config) -> str:
+    """The warning a server prints when the config's default weights are missing ("" when complete)."""
+    missing = config.missing_files()
+    if not missing:
+        return ""
+    listed = "\n".join(f"  {k}: {p}" for k, p in missing.items())
+    return (f"warning: the default weights are incomplete ({config.source}):\n{listed}\n"
+            f"Run `sovits-studio download --version {config.active.version}`; requests naming other weights "
+            f"still work.")
+
+
 def build_studio(config, args: argparse.Namespace, **settings):
     """The engine for ``config`` with the command's ``--device``/``--precision``, the knobs (flags over the
     config's keys) and ``EngineSettings`` fields given here.
@@ -130,15 +160,11 @@ def build_studio(config, args: argparse.Namespace, **settings):
     (``studio.device_notice``); a device given on the command line must exist. Config settings that cannot
     work as written are printed as warnings (``studio.config_notices``).
     """
-    from engine.config import ENGINE
-    from engine.options import EngineSettings
     from engine.pipeline import Studio
 
-    if hasattr(args, "max_text_chars"):
-        settings.setdefault("max_text_chars", args.max_text_chars)
-    settings = {**knob_settings(ENGINE, knob_values(config, args)), **settings}
     studio = Studio.from_config(config, device=getattr(args, "device", None),
-                                precision=getattr(args, "precision", None), settings=EngineSettings(**settings))
+                                precision=getattr(args, "precision", None),
+                                settings=engine_settings(config, args, **settings))
     for notice in (studio.device_notice, *studio.config_notices):
         if notice:
             print(f"warning: {notice}", file=sys.stderr)
@@ -149,11 +175,10 @@ def start_warmup(studio, config, args: argparse.Namespace, app=None):
     """Warm ``studio`` up in the background unless ``--no-warmup``/``warmup: false``; sets and returns
     ``studio.readiness`` ("starting" until the warm-up ends, then "ready"). With the server's ``app``, the
     warm-up runs on its synthesis workers (the threads that serve the requests)."""
-    from engine.config import WARMUP
     from engine.readiness import Readiness
-    from engine.warmup import WarmupSettings, configured_weight_sets, warm_up_in_background
+    from engine.warmup import configured_weight_sets, warm_up_in_background
 
-    warm = WarmupSettings(**knob_settings(WARMUP, knob_values(config, args)))
+    warm = warmup_settings(config, args)
     if not warm.enabled or config.missing_files():  # nothing to load yet: requests name their own weights
         studio.readiness = Readiness(ready=True)
         return studio.readiness
