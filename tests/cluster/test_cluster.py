@@ -35,6 +35,7 @@ pytest.importorskip("ray.serve", reason="the [cluster] extra (ray[serve]) is not
 TIMEOUT = httpx.Timeout(180.0)
 PROMPT = {"prompt_text": "Hello.", "prompt_lang": "en"}
 TOKENS_PER_SECOND = 25  # semantic tokens per second of audio
+FRESH_REFERENCES = 12
 
 
 @pytest.fixture(scope="module")
@@ -55,12 +56,32 @@ def files(tmp_path_factory) -> dict[str, Path]:
     refs = root / "refs"
     refs.mkdir()
     (refs / "ref.wav").write_bytes(reference_wav(3))
+    for i in range(FRESH_REFERENCES):  # voices no replica has seen: a warm replica still computes their features
+        (refs / f"fresh{i}.wav").write_bytes(reference_wav(100 + i))
     return {"config": config, "weights": folder, "gpt2": write_t2s(folder / "other.ckpt", "v2", seed=1),
             "sovits2": write_sovits(folder / "other.pth", "v2", seed=1), "refs": refs, "voices": root / "voices"}
 
 
 @pytest.fixture(scope="module")
-def running(files):
+def serve_process(files):
+    """`sovits-studio serve` over the same files, with no token cap flag (the oracle), and one CPU thread as
+    a replica of one CPU has (Ray sets OMP_NUM_THREADS from num_cpus; other thread counts round a few
+    samples apart). It starts while the cluster does; :func:`serve` waits for it."""
+    port = free_port()
+    command = [sys.executable, "-c", "import sys; from studio.cli import main; sys.exit(main())", "serve", "-c",
+               str(files["config"]), "-p", str(port), "--reference-dir", str(files["refs"]), "--weights-dir",
+               str(files["weights"]), "--profiles-dir", str(files["voices"])]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        yield process, f"http://127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def running(files, serve_process):
     """The deployed cluster: a Ray of its own (free ports, a short session folder, a namespace of its own:
     it starts and passes beside another Ray instance on this machine), its dashboard on a free port."""
     from studio.cluster.config import ClusterConfig
@@ -89,31 +110,19 @@ def cluster(running) -> str:
 
 
 @pytest.fixture(scope="module")
-def serve(files):
-    """`sovits-studio serve` over the same files, with no token cap flag (the oracle), and one CPU thread as
-    a replica of one CPU has (Ray sets OMP_NUM_THREADS from num_cpus; other thread counts round a few
-    samples apart)."""
-    port = free_port()
-    command = [sys.executable, "-c", "import sys; from studio.cli import main; sys.exit(main())", "serve", "-c",
-               str(files["config"]), "-p", str(port), "--reference-dir", str(files["refs"]), "--weights-dir",
-               str(files["weights"]), "--profiles-dir", str(files["voices"])]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        def up() -> bool:
-            if process.poll() is not None:
-                raise AssertionError(f"serve exited: {process.stderr.read().decode()[-2000:]}")
-            try:
-                return httpx.get(f"{url}/health", timeout=2).json().get("status") == "ready"
-            except (httpx.TransportError, ValueError):
-                return False
+def serve(serve_process) -> str:
+    process, url = serve_process
 
-        wait_for(up, 180, "sovits-studio serve to start")
-        yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
+    def ready() -> bool:
+        if process.poll() is not None:
+            raise AssertionError(f"serve exited: {process.stderr.read().decode()[-2000:]}")
+        try:
+            return httpx.get(f"{url}/health", timeout=2).json().get("status") == "ready"
+        except (httpx.TransportError, ValueError):
+            return False
+
+    wait_for(ready, 180, "sovits-studio serve to start")
+    return url
 
 
 def query(files, text: str = "Hi there.", seed: int = 7, other: bool = False, **extra) -> dict:
@@ -251,7 +260,7 @@ def test_health_and_metrics_cover_every_replica(cluster):
 def test_a_busy_model_set_spreads_to_another_replica(cluster, files):
     """Routing by model set does not pin a popular voice to one replica: beyond max_ongoing_requests (2)
     its requests go to another replica, which loads the set, and all answer the same."""
-    text = " ".join(f"Sentence number {i} is here." for i in range(20))
+    text = " ".join(f"Sentence number {i} is here." for i in range(8))
     with ThreadPoolExecutor(4) as pool:
         answers = list(pool.map(lambda _: httpx.get(f"{cluster}/tts", params=query(files, text), timeout=TIMEOUT),
                                 range(4)))
@@ -358,10 +367,16 @@ def test_a_killed_gateway_answers_503_and_new_requests_go_around_it(cluster, fil
 def test_a_killed_replica_does_not_take_the_service_down(cluster, files):
     """Kill the process of the replica computing a request: that request answers 503 with Retry-After, the
     next ones answer as before, Serve starts a replacement that warms the killed replica's model sets before
-    it takes traffic, and its first request is no slower than twice a warm one."""
+    it takes traffic, and its first request is no slower than twice a warm one (both with a new reference
+    clip, whose features any replica computes once)."""
     a = httpx.get(f"{cluster}/tts", params=query(files), timeout=TIMEOUT)
     b = httpx.get(f"{cluster}/tts", params=query(files, other=True), timeout=TIMEOUT)
-    warm = min(timed_get(f"{cluster}/tts", params=query(files, other=True))[0] for _ in range(2))
+    fresh = iter(range(FRESH_REFERENCES))
+
+    def new_voice() -> dict:  # a request on the second set with a reference no replica has seen yet
+        return query(files, other=True, ref_audio_path=str(files["refs"] / f"fresh{next(fresh)}.wav"))
+
+    warm = min(timed_get(f"{cluster}/tts", params=new_voice())[0] for _ in range(2))  # on a warm replica
     long_text = " ".join(f"Sentence number {i} is here." for i in range(300))  # ~8,700 characters
     for _ in range(3):  # health reports come every 0.5 s: a fast machine may finish before the kill lands
         victim = httpx.get(f"{cluster}/tts", params=query(files, other=True), timeout=TIMEOUT).headers[
@@ -394,12 +409,14 @@ def test_a_killed_replica_does_not_take_the_service_down(cluster, files):
     new = next(r for r in replaced["replicas"] if r["replica"] not in known)
     assert str(files["gpt2"].resolve()) in {m["gpt"] for m in new["model_sets"]}  # the dead one's set, warmed
     for _ in range(8):  # Serve's router picks one of the two replicas holding the set
-        first, r = timed_get(f"{cluster}/tts", params=query(files, other=True))
-        assert r.status_code == 200 and r.content == b.content
+        first, r = timed_get(f"{cluster}/tts", params=new_voice())
+        assert r.status_code == 200, r.text
         if r.headers["x-sovits-replica"] == new["replica"]:
             break
     else:
         raise AssertionError("no request reached the replacement replica")
+    r = httpx.get(f"{cluster}/tts", params=query(files, other=True), timeout=TIMEOUT)
+    assert r.status_code == 200 and r.content == b.content
     print(f"\nreplacement live {up_after:.1f} s after the kill; its first request {first:.2f} s "
           f"(warm: {warm:.2f} s)")
     assert first <= 2 * warm

@@ -9,6 +9,8 @@ import json
 import threading
 from types import SimpleNamespace
 
+import pytest
+
 from studio.cluster.health import engine_problem, scheduler_problem
 from studio.cluster.proxy import AnswerLostRequests
 
@@ -93,3 +95,72 @@ def test_a_real_scheduler_reads_as_alive_then_dead_when_its_loop_ends(tmp_path):
     sched.close()  # its threads end ...
     sched._closed = False  # ... but it does not say closed: the state a crashed loop leaves
     assert "t2s-loop" in engine_problem(studio)
+
+
+class Remote:
+    """A DeploymentHandle method's shape (``.remote(...)`` gives an awaitable) over a local coroutine."""
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+
+    def remote(self, *args):
+        return self.fn(*args)
+
+
+def bare_replica(tmp_path, corrupt: bool):
+    """A Synthesizer built as its async constructor builds it, minus Ray (a local ClusterState)."""
+    from engine.pipeline import Studio
+    from engine.testweights import make_test_weights
+    from studio.cluster.config import ClusterConfig
+    from studio.cluster.replica import Synthesizer
+    from studio.cluster.routing import ModelSet
+    from studio.cluster.state import ClusterState
+    from studio.http.app import create_app
+
+    path = make_test_weights(tmp_path / "w", "v2")
+    config = ClusterConfig.load(None, {"infer_config": str(path), "voices_dir": str(tmp_path / "voices")})
+    engine_config = config.engine_config()
+    if corrupt:
+        engine_config.path("t2s_weights_path").write_bytes(b"not a checkpoint")
+    replica = Synthesizer.__new__(Synthesizer)
+    replica.config, replica.replica_id, replica.problem = config, "r1", ""
+    replica.studio = Studio.from_config(engine_config, settings=config.engine_settings(engine_config))
+    replica.app = create_app(replica.studio, config.server_settings(engine_config))
+    replica.context = replica.app.state.context
+    replica._synced, replica._held, replica._reporter = None, {}, SimpleNamespace(done=lambda: False)
+    w = replica.studio.default_weights
+    state = ClusterState(ModelSet.of(w.gpt, w.sovits))
+    replica.state = SimpleNamespace(defaults=Remote(state.defaults), wanted_sets=Remote(state.wanted_sets))
+    announced: list[str] = []
+
+    async def model_set(model_id: str) -> None:
+        announced.append(model_id)
+
+    replica.model_set = model_set
+    return replica, engine_config, announced
+
+
+def test_a_replica_warms_and_announces_its_default_set_then_reports_healthy(tmp_path):
+    replica, engine_config, announced = bare_replica(tmp_path, corrupt=False)
+
+    async def main():
+        replica._sync_lock = asyncio.Lock()
+        await replica._warm_up(engine_config)
+        await replica.check_health()
+
+    asyncio.run(main())
+    w = replica.studio.default_weights
+    assert replica.problem == "" and announced == [json.dumps([str(w.gpt.resolve()), str(w.sovits.resolve())])]
+
+
+def test_default_weights_that_fail_to_load_fail_the_health_check(tmp_path):
+    replica, engine_config, announced = bare_replica(tmp_path, corrupt=True)
+
+    async def main():
+        replica._sync_lock = asyncio.Lock()
+        await replica._warm_up(engine_config)
+        await replica.check_health()
+
+    with pytest.raises(RuntimeError, match="cannot serve: the default weights failed to load"):
+        asyncio.run(main())
+    assert announced == []
