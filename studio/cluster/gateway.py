@@ -114,7 +114,7 @@ class Gateway:
         except Exception as e:
             if not replica_lost(e) and not isinstance(e, StopAsyncIteration):
                 raise
-            self.lost_requests += 1
+            self._count_lost()
             log.warning("%s %s: no answer from the replica: %r", request.method, request.path, e)
             raise Unavailable(f"the replica computing this request stopped ({type(e).__name__}); the "
                               f"cluster is replacing it: send the request again") from e
@@ -123,7 +123,12 @@ class Gateway:
         return RelayedResponse(start, stream, on_lost=self._count_lost)
 
     def _count_lost(self) -> None:
+        """One more request lost with its replica: counted here and, for the whole cluster, by the state."""
         self.lost_requests += 1
+        try:
+            self.state.count_lost.remote()  # fire and forget: a restarting state misses this one
+        except Exception as e:  # noqa: BLE001
+            log.debug("lost request not counted by the state: %s", e)
 
     # ---- the cluster's own routes ------------------------------------------------------------
     async def defaults(self, fresh: bool = False) -> Defaults:
@@ -175,7 +180,7 @@ class Gateway:
             "replicas": [report.to_json(age) for report, age in reports],
             "replicas_live": len(reports),
             "replicas_wanted": self.config.replica_bounds(),
-            "requests_lost": self.lost_requests,
+            "requests_lost": state.get("requests_lost", self.lost_requests),  # every gateway's
             "default_weights": defaults.models.to_json(),
             "deployment": deployment_status(self.config.app_name),
             "gateway": {"pid": os.getpid()},  # the gateway replica that answered
@@ -188,11 +193,12 @@ class Gateway:
         from studio.http.metrics import CONTENT_TYPE
 
         reports = await self._ask_state(self.state.replicas, wait=None)
+        lost = (await self._ask_state(self.state.describe, wait=None))["requests_lost"]
         text = merge_expositions({report.replica: report.metrics for report, _ in reports})
         text += gauge("sovits_cluster_replicas", "Replicas that reported in the last few seconds.",
                       [({}, len(reports))])
-        text += gauge("sovits_cluster_requests_lost", "Requests this gateway answered 503 because their replica "
-                      "stopped.", [({}, self.lost_requests)])
+        text += gauge("sovits_cluster_requests_lost", "Requests the gateways answered 503 because their replica "
+                      "stopped (since the cluster state started).", [({}, lost)])
         return PlainTextResponse(text, media_type=CONTENT_TYPE)
 
 

@@ -14,6 +14,8 @@ from engine.errors import EngineError
 from studio.cluster.config import ClusterConfig
 
 log = logging.getLogger(__name__)
+PROXY_CALLBACK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
+PROXY_CALLBACK = "studio.cluster.proxy:proxy_middlewares"
 
 
 @dataclass
@@ -80,6 +82,8 @@ def connect(config: ClusterConfig, *, quiet: bool = False) -> tuple[bool, str | 
         ray.init(address=config.address, **extra)
         return False, None
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # Ray's node address: loopback
+    # Serve's HTTP proxy takes its middlewares from here (every Ray process started below inherits it)
+    os.environ.setdefault(PROXY_CALLBACK_ENV, PROXY_CALLBACK)
     store = config.object_store_mb * (1 << 20) if config.object_store_mb else None
     dashboard = dashboard_wanted(config)
     port = config.dashboard_port
@@ -139,11 +143,13 @@ def deploy(config: ClusterConfig, *, quiet: bool = False) -> RunningCluster:
     from studio.cluster.proxy import proxy_middlewares
 
     try:
+        http = {"host": config.host, "port": config.port}
+        if not started:  # a Ray of its own has the middleware from PROXY_CALLBACK_ENV; a joined one may not
+            # (docs/cluster.md: set it on `ray start`). Ray 2.55 calls this way in deprecated, but runs it.
+            http["middlewares"] = proxy_middlewares()
         with warnings.catch_warnings():
-            # the pinned Ray 2.55 calls HTTPOptions.middlewares deprecated but runs them; its other way in,
-            # RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH, must be set before the proxies start (docs/cluster.md)
             warnings.filterwarnings("ignore", message="Passing `middlewares` to HTTPOptions is deprecated")
-            serve.start(http_options={"host": config.host, "port": config.port, "middlewares": proxy_middlewares()})
+            serve.start(http_options=http)
         with _without_http_config_warning():
             serve.run(application(config), name=config.app_name, route_prefix="/", blocking=False)  # waits: RUNNING
     except BaseException:

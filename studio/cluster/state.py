@@ -93,6 +93,7 @@ class ClusterState:
         self._defaults = Defaults(saved or defaults, epoch=uuid.uuid4().hex[:12])
         self._reports: dict[str, tuple[ReplicaReport, float]] = {}
         self._departed: dict[str, float] = {}  # model set id -> when its last holder went away
+        self._lost = 0  # requests the gateways answered 503 because their replica stopped
         self._lock = threading.Lock()
         self.stale_after_s = stale_after_s
 
@@ -127,9 +128,14 @@ class ClusterState:
                     wanted.append(model_id)
             return wanted[:limit]
 
+    async def count_lost(self) -> None:
+        with self._lock:
+            self._lost += 1
+
     async def describe(self) -> dict:
-        """This state's process and version (for ``/health``)."""
-        return {"pid": os.getpid(), "epoch": self._defaults.epoch, "generation": self._defaults.generation}
+        """This state's process and version, and the requests lost with a replica (for ``/health``)."""
+        return {"pid": os.getpid(), "epoch": self._defaults.epoch, "generation": self._defaults.generation,
+                "requests_lost": self._lost}
 
     def _prune(self) -> float:
         """Forget replicas that stopped reporting, remembering their model sets; returns now."""

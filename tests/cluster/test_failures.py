@@ -82,21 +82,6 @@ def test_a_scheduler_with_a_stopped_thread_is_dead_unless_it_was_closed():
         alive.set()
 
 
-def test_a_real_scheduler_reads_as_alive_then_dead_when_its_loop_ends(tmp_path):
-    """On the engine's own Scheduler: running, it is healthy; its decode thread ended while it is still open
-    (as an uncaught error would leave it) reads as dead."""
-    from engine.pipeline import Studio
-    from engine.testweights import make_test_weights
-
-    studio = Studio.from_config(make_test_weights(tmp_path, "v2"))
-    sched = studio.scheduler(studio.pool.models(studio.default_weights, studio.runtime))
-    sched._start()
-    assert engine_problem(studio) == ""
-    sched.close()  # its threads end ...
-    sched._closed = False  # ... but it does not say closed: the state a crashed loop leaves
-    assert "t2s-loop" in engine_problem(studio)
-
-
 class Remote:
     """A DeploymentHandle method's shape (``.remote(...)`` gives an awaitable) over a local coroutine."""
 
@@ -107,21 +92,34 @@ class Remote:
         return self.fn(*args)
 
 
-def bare_replica(tmp_path, corrupt: bool):
-    """A Synthesizer built as its async constructor builds it, minus Ray (a local ClusterState)."""
-    from engine.pipeline import Studio
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory):
     from engine.testweights import make_test_weights
+
+    return make_test_weights(tmp_path_factory.mktemp("weights"), "v2")
+
+
+def bare_replica(weights, tmp_path, corrupt: bool):
+    """A Synthesizer built as its async constructor builds it, minus Ray (a local ClusterState)."""
+    import yaml
+
+    from engine.pipeline import Studio
     from studio.cluster.config import ClusterConfig
     from studio.cluster.replica import Synthesizer
     from studio.cluster.routing import ModelSet
     from studio.cluster.state import ClusterState
     from studio.http.app import create_app
 
-    path = make_test_weights(tmp_path / "w", "v2")
+    path = weights
+    if corrupt:  # the same set but a GPT file that is no checkpoint
+        data = yaml.safe_load(weights.read_text())
+        (tmp_path / "bad.ckpt").write_bytes(b"not a checkpoint")
+        for section in data.values():  # the test set repeats its section as "v2"
+            section["t2s_weights_path"] = str(tmp_path / "bad.ckpt")
+        path = tmp_path / "tts_infer.yaml"
+        path.write_text(yaml.safe_dump(data))
     config = ClusterConfig.load(None, {"infer_config": str(path), "voices_dir": str(tmp_path / "voices")})
     engine_config = config.engine_config()
-    if corrupt:
-        engine_config.path("t2s_weights_path").write_bytes(b"not a checkpoint")
     replica = Synthesizer.__new__(Synthesizer)
     replica.config, replica.replica_id, replica.problem = config, "r1", ""
     replica.studio = Studio.from_config(engine_config, settings=config.engine_settings(engine_config))
@@ -140,8 +138,17 @@ def bare_replica(tmp_path, corrupt: bool):
     return replica, engine_config, announced
 
 
-def test_a_replica_warms_and_announces_its_default_set_then_reports_healthy(tmp_path):
-    replica, engine_config, announced = bare_replica(tmp_path, corrupt=False)
+def test_a_replica_warms_and_announces_its_default_set_then_fails_its_health_check_when_its_scheduler_dies(
+        weights, tmp_path, monkeypatch):
+    """Warm: the default set loaded, synthesised once (a scheduler made) and announced; healthy. Then the
+    engine's own scheduler loses its threads while open (the state a crashed loop leaves): unhealthy."""
+    from engine.warmup import WarmupSettings
+    from studio.cluster.config import ClusterConfig
+
+    # one language, a few tokens: the wiring under test, at a fraction of serve's warm-up (zh + en)
+    monkeypatch.setattr(ClusterConfig, "warmup_settings",
+                        lambda self, engine_config=None: WarmupSettings(languages=("en",), max_tokens=8))
+    replica, engine_config, announced = bare_replica(weights, tmp_path, corrupt=False)
 
     async def main():
         replica._sync_lock = asyncio.Lock()
@@ -151,10 +158,16 @@ def test_a_replica_warms_and_announces_its_default_set_then_reports_healthy(tmp_
     asyncio.run(main())
     w = replica.studio.default_weights
     assert replica.problem == "" and announced == [json.dumps([str(w.gpt.resolve()), str(w.sovits.resolve())])]
+    (sched,) = replica.studio._schedulers.values()
+    assert engine_problem(replica.studio) == ""
+    sched.close()  # its threads end ...
+    sched._closed = False  # ... but it does not say closed
+    with pytest.raises(RuntimeError, match="t2s-loop"):
+        asyncio.run(replica.check_health())
 
 
-def test_default_weights_that_fail_to_load_fail_the_health_check(tmp_path):
-    replica, engine_config, announced = bare_replica(tmp_path, corrupt=True)
+def test_default_weights_that_fail_to_load_fail_the_health_check(weights, tmp_path):
+    replica, engine_config, announced = bare_replica(weights, tmp_path, corrupt=True)
 
     async def main():
         replica._sync_lock = asyncio.Lock()
@@ -164,3 +177,14 @@ def test_default_weights_that_fail_to_load_fail_the_health_check(tmp_path):
     with pytest.raises(RuntimeError, match="cannot serve: the default weights failed to load"):
         asyncio.run(main())
     assert announced == []
+
+
+def test_serves_proxy_accepts_the_middleware_callback_the_launcher_names():
+    pytest.importorskip("ray.serve", reason="the [cluster] extra (ray[serve]) is not installed")
+    from ray.serve._private.http_util import validate_http_proxy_callback_return
+    from ray.serve._private.utils import call_function_from_import_path
+
+    from studio.cluster.launch import PROXY_CALLBACK
+
+    (middleware,) = validate_http_proxy_callback_return(call_function_from_import_path(PROXY_CALLBACK))
+    assert middleware.cls is AnswerLostRequests

@@ -271,3 +271,34 @@ def test_the_command_warns_about_incomplete_default_weights_as_serve_does(tmp_pa
 
     assert incomplete_weights_warning(load_config(path)) in err
     assert "the default weights are incomplete" in err and "t2s_weights_path" in err
+
+
+def test_a_ray_started_here_is_a_new_one_with_its_dashboard_on_its_own_session_and_the_proxy_middleware(
+        monkeypatch, tmp_path):
+    """What `connect` asks of ray.init: never the Ray a `ray start` left running (address "local"), the
+    dashboard on by default (ray[default] is installed with the extra), on a free port when 8265 is taken,
+    the session folder and namespace given, and the proxy's middleware in the environment Ray inherits."""
+    import socket
+
+    pytest.importorskip("ray", reason="the [cluster] extra (ray[serve]) is not installed")
+    import ray
+
+    from studio.cluster import launch
+
+    calls = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kw: calls.append(kw))
+    monkeypatch.delenv(launch.PROXY_CALLBACK_ENV, raising=False)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        started, url = launch.connect(ClusterConfig(dashboard_port=port, temp_dir=str(tmp_path), namespace="ns"))
+    (kw,) = calls
+    assert started and kw["address"] == "local" and kw["include_dashboard"] is True
+    assert kw["dashboard_port"] != port and url == f"http://127.0.0.1:{kw['dashboard_port']}"
+    assert kw["_temp_dir"] == str(tmp_path) and kw["namespace"] == "ns"
+    assert launch.os.environ[launch.PROXY_CALLBACK_ENV] == launch.PROXY_CALLBACK
+    calls.clear()
+    assert launch.connect(ClusterConfig(dashboard=False)) == (True, None)
+    assert calls[0]["include_dashboard"] is False and calls[0]["dashboard_port"] is None
