@@ -12,6 +12,9 @@ import argparse
 import sys
 from pathlib import Path
 
+# what a command's flags and its config give the engine: the functions every front door (and the cluster) uses
+from engine.settings import engine_settings, knob_settings, knob_values, token_cap, warmup_settings  # noqa: F401
+
 # Where a command looks for tts_infer.yaml when --config is not given, in order: ours, then an official
 # GPT-SoVITS checkout's (the command run from its root).
 CONFIG_CANDIDATES = ("configs/tts_infer.yaml", "GPT_SoVITS/configs/tts_infer.yaml")
@@ -96,49 +99,14 @@ def add_knob_arguments(parser: argparse.ArgumentParser, *, warmup: bool = False)
                            help=f"{knob.help} (default {default})")
 
 
-def knob_values(config, args: argparse.Namespace) -> dict[str, object]:
-    """Knob key -> value set by the command line, else by the config's active section (unset knobs are absent)."""
-    from engine.config import KNOBS
-
-    values = dict(config.active.knob_values)
-    for knob in KNOBS:
-        given = getattr(args, knob.key, None)
-        if given is not None:
-            values[knob.key] = given
-    return values
 
 
-def knob_settings(owner: str, values: dict[str, object]) -> dict[str, object]:
-    """The dataclass fields of ``owner`` (e.g. engine.config.ENGINE) that the knob values set, in field units."""
-    from engine.config import KNOB_KEYS
-
-    return {KNOB_KEYS[k].field: v * KNOB_KEYS[k].scale if KNOB_KEYS[k].scale != 1 else v
-            for k, v in values.items() if KNOB_KEYS[k].owner == owner}
 
 
-def token_cap(config, args: argparse.Namespace) -> int | None:
-    """Semantic tokens per sentence at most: ``--max-tokens-per-sentence``, else the config's
-    ``max_tokens_per_sentence`` (test weight sets carry one: random weights rarely stop), else None."""
-    return getattr(args, "max_tokens_per_sentence", None) or config.active.max_tokens_per_sentence or None
 
 
-def engine_settings(config, args: argparse.Namespace, **settings):
-    """``EngineSettings`` of a command: the knobs (flags over the config's keys), ``--max-text-chars`` and
-    the fields given here. ``serve``, ``webui``, ``synth`` and every cluster replica build theirs here."""
-    from engine.config import ENGINE
-    from engine.options import EngineSettings
-
-    if getattr(args, "max_text_chars", None) is not None:
-        settings.setdefault("max_text_chars", args.max_text_chars)
-    return EngineSettings(**{**knob_settings(ENGINE, knob_values(config, args)), **settings})
 
 
-def warmup_settings(config, args: argparse.Namespace):
-    """What the start-up warm-up does: the ``warmup`` knob (``--no-warmup``) over the config's."""
-    from engine.config import WARMUP
-    from engine.warmup import WarmupSettings
-
-    return WarmupSettings(**knob_settings(WARMUP, knob_values(config, args)))
 
 
 def incomplete_weights_warning(config) -> str:

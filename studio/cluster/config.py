@@ -171,7 +171,7 @@ class ClusterConfig:
         return tuple(dict.fromkeys(str(Path(p).resolve().parent) for p in (w.gpt, w.sovits)))
 
     def as_args(self):
-        """These settings as the parsed flags of ``serve`` (what :mod:`studio.cli.bootstrap` reads), so the
+        """These settings as the parsed flags of ``serve`` (what :mod:`engine.settings` reads, as for ``serve``), so the
         cluster gets its token cap, knobs and text limit from the same functions as every other front door."""
         import argparse
 
@@ -180,7 +180,7 @@ class ClusterConfig:
 
     def server_settings(self, engine_config=None):
         """The replicas' server settings; ``max_tokens_per_sentence`` unset: the tts_infer.yaml's, as ``serve``."""
-        from studio.cli.bootstrap import token_cap
+        from engine.settings import token_cap
         from studio.http.context import ServerSettings
 
         engine_config = engine_config or self.engine_config()
@@ -193,12 +193,12 @@ class ClusterConfig:
 
     def engine_settings(self, engine_config=None):
         """The replicas' ``EngineSettings``: the knobs (these over the tts_infer.yaml's), as ``serve``."""
-        from studio.cli.bootstrap import engine_settings
+        from engine.settings import engine_settings
 
         return engine_settings(engine_config or self.engine_config(), self.as_args(), weight_roots=self.weight_roots())
 
     def warmup_settings(self, engine_config=None):
-        from studio.cli.bootstrap import warmup_settings
+        from engine.settings import warmup_settings
 
         return warmup_settings(engine_config or self.engine_config(), self.as_args())
 
