@@ -12,6 +12,9 @@ import argparse
 import sys
 from pathlib import Path
 
+# what a command's flags and its config give the engine: the functions every front door (and the cluster) uses
+from engine.settings import engine_settings, knob_settings, knob_values, token_cap, warmup_settings  # noqa: F401
+
 # Where a command looks for tts_infer.yaml when --config is not given, in order: ours, then an official
 # GPT-SoVITS checkout's (the command run from its root).
 CONFIG_CANDIDATES = ("configs/tts_infer.yaml", "GPT_SoVITS/configs/tts_infer.yaml")
@@ -106,30 +109,25 @@ def add_knob_arguments(parser: argparse.ArgumentParser, *, warmup: bool = False)
                            help=f"{knob.help} (default {default})")
 
 
-def knob_values(config, args: argparse.Namespace) -> dict[str, object]:
-    """Knob key -> value set by the command line, else by the config's active section (unset knobs are absent)."""
-    from engine.config import KNOBS
-
-    values = dict(config.active.knob_values)
-    for knob in KNOBS:
-        given = getattr(args, knob.key, None)
-        if given is not None:
-            values[knob.key] = given
-    return values
 
 
-def knob_settings(owner: str, values: dict[str, object]) -> dict[str, object]:
-    """The dataclass fields of ``owner`` (e.g. engine.config.ENGINE) that the knob values set, in field units."""
-    from engine.config import KNOB_KEYS
-
-    return {KNOB_KEYS[k].field: v * KNOB_KEYS[k].scale if KNOB_KEYS[k].scale != 1 else v
-            for k, v in values.items() if KNOB_KEYS[k].owner == owner}
 
 
-def token_cap(config, args: argparse.Namespace) -> int | None:
-    """Semantic tokens per sentence at most: ``--max-tokens-per-sentence``, else the config's
-    ``max_tokens_per_sentence`` (test weight sets carry one: random weights rarely stop), else None."""
-    return getattr(args, "max_tokens_per_sentence", None) or config.active.max_tokens_per_sentence or None
+
+
+
+
+
+
+def incomplete_weights_warning(config) -> str:
+    """The warning a server prints when the config's default weights are missing ("" when complete)."""
+    missing = config.missing_files()
+    if not missing:
+        return ""
+    listed = "\n".join(f"  {k}: {p}" for k, p in missing.items())
+    return (f"warning: the default weights are incomplete ({config.source}):\n{listed}\n"
+            f"Run `sovits-studio download --version {config.active.version}`; requests naming other weights "
+            f"still work.")
 
 
 def build_studio(config, args: argparse.Namespace, **settings):
@@ -141,15 +139,11 @@ def build_studio(config, args: argparse.Namespace, **settings):
     work as written are printed as warnings (``studio.config_notices``), and so is a v2+ Mandarin frontend
     without G2PW (``studio.g2pw_notice``, with the command that fetches it).
     """
-    from engine.config import ENGINE
-    from engine.options import EngineSettings
     from engine.pipeline import Studio
 
-    if hasattr(args, "max_text_chars"):
-        settings.setdefault("max_text_chars", args.max_text_chars)
-    settings = {**knob_settings(ENGINE, knob_values(config, args)), **settings}
     studio = Studio.from_config(config, device=getattr(args, "device", None),
-                                precision=getattr(args, "precision", None), settings=EngineSettings(**settings),
+                                precision=getattr(args, "precision", None),
+                                settings=engine_settings(config, args, **settings),
                                 vocoder_backend=getattr(args, "vocoder_backend", None))
     for notice in (studio.device_notice, *studio.config_notices):
         if notice:
@@ -163,11 +157,10 @@ def start_warmup(studio, config, args: argparse.Namespace, app=None):
     """Warm ``studio`` up in the background unless ``--no-warmup``/``warmup: false``; sets and returns
     ``studio.readiness`` ("starting" until the warm-up ends, then "ready"). With the server's ``app``, the
     warm-up runs on its synthesis workers (the threads that serve the requests)."""
-    from engine.config import WARMUP
     from engine.readiness import Readiness
-    from engine.warmup import WarmupSettings, configured_weight_sets, warm_up_in_background
+    from engine.warmup import configured_weight_sets, warm_up_in_background
 
-    warm = WarmupSettings(**knob_settings(WARMUP, knob_values(config, args)))
+    warm = warmup_settings(config, args)
     if not warm.enabled or config.missing_files():  # nothing to load yet: requests name their own weights
         studio.readiness = Readiness(ready=True)
         return studio.readiness

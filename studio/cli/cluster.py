@@ -4,13 +4,14 @@ failover). Needs the optional extra: ``pip install -e ".[cluster]"``. See docs/c
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 
 CLUSTER_CONFIG = "configs/cluster.yaml"  # read when --cluster-config is not given and it exists here
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from studio.cli.bootstrap import PRECISIONS
+    from studio.cli.bootstrap import PRECISIONS, add_knob_arguments
     from studio.cluster.config import ClusterConfig as C
 
     def flag(*names: str, **kw) -> None:
@@ -49,6 +50,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     flag("--max-tokens-per-sentence", type=int, help="cap semantic tokens per sentence (default: the GPT file's)")
     parser.add_argument("--no-voice-uploads", dest="voice_uploads", action="store_const", const=False,
                         default=None, help="refuse POST/DELETE /v1/voices")
+    flag("--gateway-replicas", type=int, help=f"HTTP ingress replicas (default {C.gateway_replicas}; with two or "
+                                              f"more, new requests go around a dead one)")
+    flag("--dashboard", action=argparse.BooleanOptionalAction,
+         help="Ray's dashboard with a Ray started here, for `serve status` and `ray list` (default: on when "
+              "ray[default] is installed)")
+    flag("--dashboard-port", type=int, help=f"port of that dashboard (default {C.dashboard_port}, where `serve "
+                                            f"status` looks; a free one if taken)")
+    add_knob_arguments(parser, warmup=True)
 
 
 def config_from_args(args: argparse.Namespace):
@@ -56,17 +65,22 @@ def config_from_args(args: argparse.Namespace):
     then what `serve` would find by itself."""
     from studio.cluster.config import ClusterConfig
 
-    overrides = {k: v for k, v in vars(args).items() if k not in ("cluster_config", "max_upload_mb")}
+    from engine.config import KNOB_KEYS
+
+    knobs = {k: v for k, v in vars(args).items() if k in KNOB_KEYS and v is not None}
+    overrides = {k: v for k, v in vars(args).items()
+                 if k not in ("cluster_config", "max_upload_mb") and k not in KNOB_KEYS}
     if args.max_upload_mb is not None:
         overrides["max_upload_bytes"] = int(args.max_upload_mb * (1 << 20))
     path = args.cluster_config or (CLUSTER_CONFIG if Path(CLUSTER_CONFIG).is_file() else None)
-    return with_serve_defaults(ClusterConfig.load(path, overrides))
+    config = ClusterConfig.load(path, overrides)
+    if knobs:  # flags over the cluster YAML's knobs, which are over the tts_infer.yaml's
+        config = replace(config, knobs=tuple({**dict(config.knobs), **knobs}.items()))
+    return with_serve_defaults(config)
 
 
 def with_serve_defaults(config):
     """What `serve` finds by itself: the tts_infer.yaml here, and the official weight folders."""
-    from dataclasses import replace
-
     from studio.cli.bootstrap import find_config
     from studio.cli.serve import OFFICIAL_WEIGHT_DIRS
 
@@ -82,15 +96,26 @@ def with_serve_defaults(config):
 
 def run(args: argparse.Namespace) -> int:
     import signal
+    import sys
     import threading
+    import time
 
+    from studio.cli.bootstrap import incomplete_weights_warning
     from studio.cluster.launch import deploy
 
+    start = time.monotonic()
     config = config_from_args(args)
+    engine_config = config.engine_config()
+    for notice in (incomplete_weights_warning(engine_config),
+                   *(f"warning: {p}" for p in engine_config.problems())):
+        if notice:
+            print(notice, file=sys.stderr)
     cluster = deploy(config)
     bounds = config.replica_bounds()
     count = bounds["min"] if bounds["min"] == bounds["max"] else f"{bounds['min']}-{bounds['max']}"
-    print(f"serving {cluster.url} ({count} replicas; /health lists them). Ctrl-C stops.", flush=True)
+    dashboard = f"; Ray's dashboard: {cluster.dashboard_url}" if cluster.dashboard_url else ""
+    print(f"serving {cluster.url} ({count} replicas, warmed; /health lists them{dashboard}), up in "
+          f"{time.monotonic() - start:.0f} s. Ctrl-C stops.", flush=True)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:

@@ -43,7 +43,13 @@ def run(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
 
-    from studio.cli.bootstrap import build_studio, load_engine_config, start_warmup, token_cap
+    from studio.cli.bootstrap import (
+        build_studio,
+        incomplete_weights_warning,
+        load_engine_config,
+        start_warmup,
+        token_cap,
+    )
     from studio.http.app import create_app
     from studio.http.auth import Access, check_keys, read_key_file
     from studio.http.context import ServerSettings
@@ -52,12 +58,9 @@ def run(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = load_engine_config(args.config, required=False)
-    missing = config.missing_files()
-    if missing:
-        listed = "\n".join(f"  {k}: {p}" for k, p in missing.items())
-        print(f"warning: the default weights are incomplete ({config.source}):\n{listed}\n"
-              f"Run `sovits-studio download --version {config.active.version}`; requests naming other weights "
-              f"still work.", file=sys.stderr)
+    warning = incomplete_weights_warning(config)
+    if warning:
+        print(warning, file=sys.stderr)
     weight_dirs = args.weights_dir
     if not weight_dirs:
         configured = [config.path(k).parent for k in ("t2s_weights_path", "vits_weights_path")]

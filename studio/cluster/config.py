@@ -27,6 +27,11 @@ class ClusterConfig:
     app_name: str = "sovits-studio"
     num_cpus: int | None = None  # CPUs of a Ray instance started here (None: Ray counts them)
     object_store_mb: int | None = None  # its object store (None: Ray's default, 30% of memory)
+    dashboard: bool | None = None  # Ray's dashboard (`serve status`, `ray list`) with a Ray started here;
+    # None: on when its dependencies are installed
+    dashboard_port: int = 8265  # where that dashboard listens (8265 is where `serve status` looks)
+    temp_dir: str | None = None  # session folder of a Ray started here (None: Ray's, /tmp/ray)
+    namespace: str | None = None  # Ray namespace of this driver (None: Ray's anonymous one)
     # -- replicas
     replicas: int = 1  # fixed number of synthesis replicas (when no autoscaling bounds are set)
     min_replicas: int | None = None  # autoscaling bounds: both set -> Serve autoscales between them
@@ -37,7 +42,7 @@ class ClusterConfig:
     gpus_per_replica: float = 0.0  # 0.5: two replicas share a GPU; 1: one GPU each
     cpus_per_replica: float = 1.0
     max_model_sets: int = 2  # (GPT, SoVITS) sets one replica holds; the least recently used leaves first
-    gateway_replicas: int = 1
+    gateway_replicas: int = 2  # HTTP ingress replicas: with two, new requests go around a dead one
     report_interval_s: float = 1.0  # replicas report health and metrics this often
     # -- engine (tts_infer.yaml) and device
     infer_config: str | None = None  # tts_infer.yaml; None: the built-in defaults (the CLI looks for one)
@@ -56,6 +61,9 @@ class ClusterConfig:
     max_pending_chunks: int = ServerLimits.max_pending_chunks
     max_tokens_per_sentence: int | None = ServerLimits.max_tokens_per_sentence
     max_text_chars: int | None = None  # None: EngineSettings' default
+    # operating knobs (engine.config.KNOBS: slots, warmup, model_pool_mb ...) over the tts_infer.yaml's,
+    # as `serve`'s flags; a mapping in YAML
+    knobs: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         def positive(name: str, value: Any, allow_zero: bool = False) -> None:
@@ -66,7 +74,7 @@ class ClusterConfig:
                                   f"got {value!r}")
 
         for name in ("replicas", "max_ongoing_requests", "max_model_sets", "gateway_replicas", "port",
-                     "target_ongoing_requests", "report_interval_s", "cpus_per_replica"):
+                     "target_ongoing_requests", "report_interval_s", "cpus_per_replica", "dashboard_port"):
             positive(name, getattr(self, name))
         positive("gpus_per_replica", self.gpus_per_replica, allow_zero=True)
         if self.gpus_per_replica > 1 and not float(self.gpus_per_replica).is_integer():
@@ -89,6 +97,11 @@ class ClusterConfig:
         if self.address is not None and (self.num_cpus is not None or self.object_store_mb is not None):
             raise ConfigError("num_cpus and object_store_mb size a Ray instance started here; with address "
                               "set, give them to `ray start` instead")
+        from engine.config import KNOB_KEYS
+
+        for key, _ in self.knobs:
+            if key not in KNOB_KEYS:
+                raise ConfigError(f"knobs: unknown knob {key!r}; known: {', '.join(KNOB_KEYS)}")
 
     # ---- sources ---------------------------------------------------------------------------------
     @classmethod
@@ -99,6 +112,13 @@ class ClusterConfig:
         if unknown:
             raise ConfigError(f"{source}: unknown setting {unknown[0]!r}; known: {', '.join(sorted(known))}")
         clean = {k: (tuple(v) if isinstance(v, list) else v) for k, v in values.items()}
+        knobs = clean.get("knobs", ())
+        if isinstance(knobs, Mapping):
+            clean["knobs"] = tuple(knobs.items())
+        elif not (isinstance(knobs, tuple) and all(isinstance(k, (tuple, list)) and len(k) == 2 for k in knobs)):
+            raise ConfigError(f"{source}: knobs must be a mapping of knob names to values, got {knobs!r}")
+        else:
+            clean["knobs"] = tuple(tuple(k) for k in knobs)
         return cls(**clean)
 
     @classmethod
@@ -151,21 +171,42 @@ class ClusterConfig:
         w = self.default_weights()
         return tuple(dict.fromkeys(str(Path(p).resolve().parent) for p in (w.gpt, w.sovits)))
 
-    def server_settings(self):
+    def as_args(self):
+        """These settings as the parsed flags of ``serve`` (what :mod:`engine.settings` reads, as for ``serve``), so the
+        cluster gets its token cap, knobs and text limit from the same functions as every other front door."""
+        import argparse
+
+        return argparse.Namespace(max_tokens_per_sentence=self.max_tokens_per_sentence,
+                                  max_text_chars=self.max_text_chars, **dict(self.knobs))
+
+    def server_settings(self, engine_config=None):
+        """The replicas' server settings; ``max_tokens_per_sentence`` unset: the tts_infer.yaml's, as ``serve``."""
+        from engine.settings import token_cap
         from studio.http.context import ServerSettings
 
+        engine_config = engine_config or self.engine_config()
         limits = ServerLimits(max_upload_bytes=self.max_upload_bytes, workers=self.workers, max_queue=self.max_queue,
                               max_pending_chunks=self.max_pending_chunks,
-                              max_tokens_per_sentence=self.max_tokens_per_sentence)
+                              max_tokens_per_sentence=token_cap(engine_config, self.as_args()))
         return ServerSettings(
             reference_roots=self.reference_dirs, weight_roots=self.weight_roots(), profiles_dir=self.voices_dir,
             voice_uploads=self.voice_uploads, limits=limits)
 
-    def engine_settings(self):
-        from engine.options import EngineSettings
+    def engine_settings(self, engine_config=None):
+        """The replicas' ``EngineSettings``: the knobs (these over the tts_infer.yaml's), as ``serve``."""
+        from engine.settings import engine_settings
 
-        extra = {} if self.max_text_chars is None else {"max_text_chars": self.max_text_chars}
-        return EngineSettings(weight_roots=self.weight_roots(), **extra)
+        return engine_settings(engine_config or self.engine_config(), self.as_args(), weight_roots=self.weight_roots())
+
+    def warmup_settings(self, engine_config=None):
+        from engine.settings import warmup_settings
+
+        return warmup_settings(engine_config or self.engine_config(), self.as_args())
+
+    def state_file(self) -> Path | None:
+        """Where the cluster state keeps the default weights (a file in the shared voices folder, so a
+        restarted state finds it, on any machine); None without a voices folder."""
+        return Path(self.voices_dir) / f".cluster-{self.app_name}.json" if self.voices_dir else None
 
     def replica_bounds(self) -> dict[str, int]:
         if self.min_replicas is None:

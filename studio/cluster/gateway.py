@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
     from studio.cluster.config import ClusterConfig
 
 log = logging.getLogger(__name__)
-DEFAULTS_TTL_S = 1.0  # how long a gateway trusts its copy of the default weights (several gateways)
+STATE_WAIT_S = 2.0  # longest wait for the cluster state on a request's path (while it restarts: the last copy)
 
 
 class Unavailable(Exception):
@@ -45,10 +46,10 @@ def replica_lost(exc: BaseException) -> bool:
 
 def unavailable_response(path: str, message: str) -> Response:
     """503 with ``Retry-After``, in the error shape of the path (OpenAI's under /v1/, api_v2's elsewhere)."""
-    body: dict[str, Any] = {"message": message}
-    if path.startswith("/v1/"):
-        body = {"error": {"message": message, "type": "server_error", "param": None, "code": "replica_unavailable"}}
-    return JSONResponse(body, status_code=503, headers={"Retry-After": "1"})
+    from studio.cluster.failures import RETRY_AFTER_S, unavailable_body
+
+    return Response(unavailable_body(path, message), status_code=503, media_type="application/json",
+                    headers={"Retry-After": str(RETRY_AFTER_S)})
 
 
 class Gateway:
@@ -113,7 +114,7 @@ class Gateway:
         except Exception as e:
             if not replica_lost(e) and not isinstance(e, StopAsyncIteration):
                 raise
-            self.lost_requests += 1
+            self._count_lost()
             log.warning("%s %s: no answer from the replica: %r", request.method, request.path, e)
             raise Unavailable(f"the replica computing this request stopped ({type(e).__name__}); the "
                               f"cluster is replacing it: send the request again") from e
@@ -122,19 +123,31 @@ class Gateway:
         return RelayedResponse(start, stream, on_lost=self._count_lost)
 
     def _count_lost(self) -> None:
+        """One more request lost with its replica: counted here and, for the whole cluster, by the state."""
         self.lost_requests += 1
+        try:
+            self.state.count_lost.remote()  # fire and forget: a restarting state misses this one
+        except Exception as e:  # noqa: BLE001
+            log.debug("lost request not counted by the state: %s", e)
 
     # ---- the cluster's own routes ------------------------------------------------------------
     async def defaults(self, fresh: bool = False) -> Defaults:
-        """The cluster's default weights (this gateway's copy, at most DEFAULTS_TTL_S old)."""
-        if fresh or self._defaults is None or time.monotonic() - self._defaults_at > DEFAULTS_TTL_S:
-            try:
-                self._defaults = await self.state.defaults.remote()
-                self._defaults_at = time.monotonic()
-            except Exception as e:
-                if self._defaults is None or fresh or not replica_lost(e):
-                    raise Unavailable(f"the cluster state is not reachable ({type(e).__name__}); retry") from e
+        """The cluster's default weights, asked of the state on every request (another gateway may have
+        changed them a moment ago). While the state does not answer within STATE_WAIT_S (it is restarting),
+        this gateway's last copy; ``fresh``: the state's answer or Unavailable."""
+        try:
+            self._defaults = await self._ask_state(self.state.defaults, wait=None if fresh else STATE_WAIT_S)
+            self._defaults_at = time.monotonic()
+        except Exception as e:
+            if self._defaults is None or fresh or not (replica_lost(e) or isinstance(e, asyncio.TimeoutError)):
+                raise Unavailable(f"the cluster state is not reachable ({type(e).__name__}); retry") from e
+            log.warning("cluster state not answering (%r); using the default weights of %.0f s ago", e,
+                        time.monotonic() - self._defaults_at)
         return self._defaults
+
+    async def _ask_state(self, method: Any, *args: Any, wait: float | None = STATE_WAIT_S) -> Any:
+        """``method.remote(*args)`` of the state, waiting at most ``wait`` seconds (None: 30 s)."""
+        return await asyncio.wait_for(_awaited(method.remote(*args)), timeout=wait or 30.0)
 
     async def set_weights(self, request: ForwardedRequest, kind: str) -> Response:
         """A replica loads and checks the weights and gives the api_v2 answer; on success they become
@@ -147,25 +160,31 @@ class Gateway:
         if target is None or answer.status_code != 200:
             return answer  # the replica's own message (missing, outside the folders, not loadable)
         body = b"".join([chunk async for chunk in answer.chunks()])
-        self._defaults = await self.state.set_defaults.remote(target)
+        self._defaults = await self._ask_state(self.state.set_defaults, target, wait=None)
         self._defaults_at = time.monotonic()
         return Response(body, status_code=200, headers=answer.relayed_headers())
 
     async def health(self) -> Response:
         try:
-            reports = await self.state.replicas.remote()
-            defaults = await self.defaults()
+            reports = await self._ask_state(self.state.replicas)
+            defaults = await self.defaults(fresh=True)
         except Exception as e:  # noqa: BLE001 - say so rather than fail the health check
             return JSONResponse({"status": "unavailable", "message": f"cluster state: {type(e).__name__}: {e}"},
                                 status_code=503)
+        try:
+            state = await self._ask_state(self.state.describe)
+        except Exception as e:  # noqa: BLE001 - a courtesy field
+            state = {"error": f"{type(e).__name__}: {e}"}
         body = {
             "status": "ok" if reports else "unavailable",
             "replicas": [report.to_json(age) for report, age in reports],
             "replicas_live": len(reports),
             "replicas_wanted": self.config.replica_bounds(),
-            "requests_lost": self.lost_requests,
+            "requests_lost": state.get("requests_lost", self.lost_requests),  # every gateway's
             "default_weights": defaults.models.to_json(),
             "deployment": deployment_status(self.config.app_name),
+            "gateway": {"pid": os.getpid()},  # the gateway replica that answered
+            "state": state,
         }
         return JSONResponse(body, status_code=200 if reports else 503)
 
@@ -173,13 +192,18 @@ class Gateway:
         from studio.cluster.metrics import gauge, merge_expositions
         from studio.http.metrics import CONTENT_TYPE
 
-        reports = await self.state.replicas.remote()
+        reports = await self._ask_state(self.state.replicas, wait=None)
+        lost = (await self._ask_state(self.state.describe, wait=None))["requests_lost"]
         text = merge_expositions({report.replica: report.metrics for report, _ in reports})
         text += gauge("sovits_cluster_replicas", "Replicas that reported in the last few seconds.",
                       [({}, len(reports))])
-        text += gauge("sovits_cluster_requests_lost", "Requests this gateway answered 503 because their replica "
-                      "stopped.", [({}, self.lost_requests)])
+        text += gauge("sovits_cluster_requests_lost", "Requests the gateways answered 503 because their replica "
+                      "stopped (since the cluster state started).", [({}, lost)])
         return PlainTextResponse(text, media_type=CONTENT_TYPE)
+
+
+async def _awaited(response: Any) -> Any:
+    return await response
 
 
 def deployment_status(app_name: str) -> dict[str, Any]:

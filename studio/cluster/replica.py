@@ -1,9 +1,11 @@
 """A synthesis replica: one engine (:class:`engine.pipeline.Studio`) serving the server's own FastAPI app
 (:func:`studio.http.app.create_app`) to requests the gateway forwards.
 
-Responsibilities: (1) hold at most ``max_model_sets`` model sets, least recently used out, through
-``serve.multiplexed`` (so Serve routes each set's requests to replicas that hold it); (2) follow the
-cluster's default weights; (3) report its health and metrics to the cluster state every few seconds.
+Responsibilities: (1) be ready before it takes traffic (load and warm its model sets first) and fail
+its health check when its engine cannot serve; (2) hold at most ``max_model_sets`` model sets, least
+recently used out, through ``serve.multiplexed`` (so Serve routes each set's requests to replicas that
+hold it); (3) follow the cluster's default weights; (4) report its health and metrics to the cluster
+state every few seconds.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import logging
 import os
 import socket
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from studio.cluster.asgi import ForwardedRequest, ResponseStart, serve_forwarded
@@ -22,6 +25,7 @@ if TYPE_CHECKING:
     from studio.cluster.config import ClusterConfig
 
 log = logging.getLogger(__name__)
+STATE_WAIT_S = 30.0  # longest wait at start for the cluster state (then: the config's defaults)
 
 
 class HeldModelSet:
@@ -38,9 +42,13 @@ class HeldModelSet:
 
 
 class Synthesizer:
-    """The replica deployment's class (wrapped by ``serve.deployment`` in :mod:`studio.cluster.app`)."""
+    """The replica deployment's class (wrapped by ``serve.deployment`` in :mod:`studio.cluster.app`).
 
-    def __init__(self, config: "ClusterConfig", state: Any) -> None:
+    Its constructor is async and ends only when the replica has loaded and warmed the model sets it should
+    hold (see :meth:`_warm_up`); Serve routes no request to a replica before that, nor before its first
+    health check passes."""
+
+    async def __init__(self, config: "ClusterConfig", state: Any) -> None:
         from ray import serve
 
         from engine.pipeline import Studio
@@ -48,20 +56,68 @@ class Synthesizer:
 
         self.config = config
         self.state = state  # DeploymentHandle of ClusterState
-        self.studio = Studio.from_config(config.engine_config(), device=config.device, precision=config.precision,
-                                         settings=config.engine_settings(), vocoder_backend=config.vocoder_backend)
-        self.app = create_app(self.studio, config.server_settings())
+        engine_config = config.engine_config()
+        self.studio = Studio.from_config(engine_config, device=config.device, precision=config.precision,
+                                         settings=config.engine_settings(engine_config),
+                                         vocoder_backend=config.vocoder_backend)
+        self.app = create_app(self.studio, config.server_settings(engine_config))
         self.context = self.app.state.context
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         self._synced: tuple[str, int] | None = None  # (epoch, generation) of the defaults followed
         self._sync_lock = asyncio.Lock()
         self._held: dict[str, None] = {}  # ids of the model sets held now (insertion order)
+        self.problem = ""  # why this replica cannot serve (its health check fails while set)
 
         async def model_set(model_id: str) -> HeldModelSet:  # a plain function: Serve keeps its LRU on it
             return await self._load(model_id)
 
         self.model_set = serve.multiplexed(max_num_models_per_replica=config.max_model_sets)(model_set)
         self._reporter: asyncio.Task | None = None
+        await self._warm_up(engine_config)
+
+    async def _warm_up(self, engine_config) -> None:
+        """Follow the cluster's default weights, then load and warm (``engine.warmup``, as ``serve`` does) the
+        sets the cluster wants on a new replica (:meth:`ClusterState.wanted_sets`: the defaults, then the
+        sets of replicas that went away) and the config's other sets, at most ``max_model_sets``; each
+        warmed set is announced to Serve's router. A default set that exists but fails to load leaves
+        :attr:`problem` set: the health check fails and Serve replaces the replica."""
+        import time
+
+        from engine.warmup import configured_weight_sets, warm_up
+
+        start = time.monotonic()
+        settings = self.config.warmup_settings(engine_config)
+        default = ModelSet.of(self.studio.default_weights.gpt, self.studio.default_weights.sovits)
+        wanted = [default.id]
+        try:
+            async def ask() -> tuple[Defaults, list[str]]:  # the state may be restarting: bounded below
+                return (await self.state.defaults.remote(),
+                        await self.state.wanted_sets.remote(self.config.max_model_sets))
+
+            defaults, wanted = await asyncio.wait_for(ask(), timeout=STATE_WAIT_S)
+            await self._follow_defaults(defaults)
+            default = defaults.models
+        except Exception as e:  # noqa: BLE001 - the state may be restarting; requests will follow later
+            log.warning("cluster state not reachable at start (%s); warming the config's defaults", e)
+        for weights in configured_weight_sets(engine_config, self.studio.default_weights)[1:]:
+            wanted.append(ModelSet.of(weights.gpt, weights.sovits).id)
+        sets = [ModelSet.from_id(m) for m in dict.fromkeys(wanted)][:self.config.max_model_sets]
+        sets = [m for m in sets if Path(m.gpt).is_file() and Path(m.sovits).is_file()]  # missing: nothing to load
+        if not settings.enabled:
+            return
+        for models in sets:
+            weights = self.studio.default_weights.replace(gpt=models.gpt, sovits=models.sovits)
+            report = await self.context.runner.run(warm_up, self.studio, [weights], settings)
+            if report.errors:
+                log.error("warm-up of %s failed: %s", models, "; ".join(report.errors))
+                if models == default:
+                    self.problem = f"the default weights failed to load: {'; '.join(report.errors)}"
+                continue
+            try:
+                await self.model_set(models.id)  # Serve's router now sends this set's requests here too
+            except Exception as e:  # noqa: BLE001 - routing learns of the set at its first request instead
+                log.warning("model set %s not announced: %s", models, e)
+        log.info("replica %s warmed %d model set(s) in %.1f s", self.replica_id, len(sets), time.monotonic() - start)
 
     # ---- model sets --------------------------------------------------------------------------
     async def _load(self, model_id: str) -> HeldModelSet:
@@ -113,11 +169,20 @@ class Synthesizer:
             self._reporter = asyncio.get_running_loop().create_task(self._report_forever())
 
     async def check_health(self) -> None:
-        """Serve's periodic health check; also (re)starts the reports."""
+        """Serve's periodic health check (the first one gates the replica's first request): fails while the
+        default weights failed to load or a scheduler is dead, so Serve replaces the replica. Also (re)starts
+        the reports."""
+        from studio.cluster.health import engine_problem
+
         self._start_reporting()
+        problem = self.problem or engine_problem(self.studio)
+        if problem:
+            raise RuntimeError(f"replica {self.replica_id} cannot serve: {problem}")
 
     def __del__(self) -> None:  # Serve's graceful shutdown of the replica
-        self.context.runner.shutdown(wait=False)
+        context = getattr(self, "context", None)
+        if context is not None:
+            context.runner.shutdown(wait=False)
 
     async def _report_forever(self) -> None:
         while True:

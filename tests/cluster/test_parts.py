@@ -86,6 +86,39 @@ def test_replicas_that_stop_reporting_are_forgotten():
     assert live.replica == "r1" and 0 <= age < 0.2
 
 
+def test_a_restarted_state_reads_the_default_weights_back_but_a_new_deployment_does_not(tmp_path):
+    config_set, chosen = ModelSet("/a.ckpt", "/a.pth"), ModelSet.of(tmp_path / "b.ckpt", tmp_path / "b.pth")
+    for path in (chosen.gpt, chosen.sovits):
+        open(path, "wb").close()
+    state_file = str(tmp_path / "voices" / ".cluster-app.json")  # the voices folder does not exist yet
+    state = ClusterState(config_set, state_file=state_file, deployment="d1")
+    asyncio.run(state.set_defaults(chosen))
+    restarted = ClusterState(config_set, state_file=state_file, deployment="d1")
+    assert asyncio.run(restarted.defaults()).models == chosen
+    assert asyncio.run(restarted.defaults()).epoch != asyncio.run(state.defaults()).epoch  # replicas re-check
+    redeployed = ClusterState(config_set, state_file=state_file, deployment="d2")
+    assert asyncio.run(redeployed.defaults()).models == config_set  # as a restarted `serve`: the config's
+    (tmp_path / "b.ckpt").unlink()
+    gone = ClusterState(config_set, state_file=state_file, deployment="d1")
+    assert asyncio.run(gone.defaults()).models == config_set  # saved weights that vanished are not used
+    (tmp_path / "voices" / ".cluster-app.json").write_text("{not json")
+    assert asyncio.run(ClusterState(config_set, state_file=state_file, deployment="d1").defaults()).models \
+        == config_set
+
+
+def test_a_new_replica_is_told_to_warm_the_defaults_then_the_sets_of_replicas_that_went_away():
+    a, b, c = (ModelSet(f"/{x}.ckpt", f"/{x}.pth") for x in "abc")
+    state = ClusterState(a, stale_after_s=0.2)
+    assert asyncio.run(state.wanted_sets(2)) == [a.id]
+    asyncio.run(state.report(ReplicaReport("r1", 1, "n", "h", "cpu", (a.id, b.id), 0, 0, "")))
+    asyncio.run(state.report(ReplicaReport("r2", 2, "n", "h", "cpu", (c.id,), 0, 0, "")))
+    assert asyncio.run(state.wanted_sets(3)) == [a.id]  # everyone is alive: nothing orphaned
+    time.sleep(0.3)
+    asyncio.run(state.report(ReplicaReport("r2", 2, "n", "h", "cpu", (c.id,), 0, 0, "")))
+    assert asyncio.run(state.wanted_sets(3)) == [a.id, b.id]  # r1 went away holding a and b
+    assert asyncio.run(state.wanted_sets(1)) == [a.id]
+
+
 # ---- settings ----------------------------------------------------------------------------------
 
 
@@ -147,6 +180,37 @@ def test_build_app_binds_gateway_replicas_and_state(tmp_path):
     assert type(app).__name__ == "Application"
 
 
+def infer_yaml(path, **section) -> str:
+    path.write_text(yaml.safe_dump({"custom": {
+        "device": "cpu", "is_half": False, "version": "v2", "t2s_weights_path": "g.ckpt", "vits_weights_path": "s.pth",
+        "bert_base_path": "bert", "cnhuhbert_base_path": "hubert", **section}}))
+    return str(path)
+
+
+def test_limits_and_knobs_come_from_the_tts_infer_yaml_as_for_serve(tmp_path):
+    """No flag: the config's token cap and knobs, read by the same bootstrap functions as `serve`; the
+    cluster's own settings (flags) win over them."""
+    from studio.cli import build_parser
+    from studio.cli.bootstrap import engine_settings, load_engine_config, token_cap, warmup_settings
+
+    path = infer_yaml(tmp_path / "tts_infer.yaml", max_tokens_per_sentence=40, slots=3, warmup=False,
+                      model_pool_mb=64)
+    config = ClusterConfig.load(None, {"infer_config": path})
+    assert config.server_settings().limits.max_tokens_per_sentence == 40
+    serve_args = build_parser("serve").parse_args(["-c", path])
+    engine = load_engine_config(path, required=True)
+    assert config.server_settings().limits.max_tokens_per_sentence == token_cap(engine, serve_args)
+    assert config.engine_settings() == engine_settings(engine, serve_args, weight_roots=config.weight_roots())
+    assert config.engine_settings().scheduler_slots == 3 and config.engine_settings().model_pool_bytes == 64 << 20
+    assert config.warmup_settings() == warmup_settings(engine, serve_args) and not config.warmup_settings().enabled
+    flagged = ClusterConfig.load(None, {"infer_config": path, "max_tokens_per_sentence": 7,
+                                        "knobs": {"slots": 5, "warmup": True}})
+    assert flagged.server_settings().limits.max_tokens_per_sentence == 7
+    assert flagged.engine_settings().scheduler_slots == 5 and flagged.warmup_settings().enabled
+    with pytest.raises(ConfigError, match="slot"):
+        ClusterConfig.from_mapping({"knobs": {"slot": 5}})
+
+
 def test_the_command_line_reads_the_yaml_then_the_flags_then_finds_what_serve_finds(tmp_path, monkeypatch):
     from studio.cli import build_parser
     from studio.cli.cluster import config_from_args
@@ -157,12 +221,16 @@ def test_the_command_line_reads_the_yaml_then_the_flags_then_finds_what_serve_fi
     (tmp_path / "configs" / "tts_infer.yaml").write_text(yaml.safe_dump({"custom": {
         "device": "cpu", "is_half": False, "version": "v2", "t2s_weights_path": "w/g.ckpt",
         "vits_weights_path": "w/s.pth", "bert_base_path": "bert", "cnhuhbert_base_path": "hubert"}}))
-    (tmp_path / "configs" / "cluster.yaml").write_text("replicas: 3\nmax_model_sets: 5\nport: 9999\n")
     (tmp_path / "w").mkdir()
     for name in ("g.ckpt", "s.pth"):
         (tmp_path / "w" / name).write_bytes(b"x")
-    args = build_parser("cluster").parse_args(["--replicas", "2", "--gpus-per-replica", "0.5", "--no-voice-uploads"])
+    (tmp_path / "configs" / "cluster.yaml").write_text("replicas: 3\nmax_model_sets: 5\nport: 9999\n"
+                                                       "knobs: {slots: 2, model_pool_mb: 32}\n")
+    args = build_parser("cluster").parse_args(["--replicas", "2", "--gpus-per-replica", "0.5", "--no-voice-uploads",
+                                               "--slots", "4", "--no-warmup", "--no-dashboard"])
     config = config_from_args(args)
+    assert dict(config.knobs) == {"slots": 4, "model_pool_mb": 32, "warmup": False}  # flags over the YAML
+    assert config.dashboard is False and config.gateway_replicas == 2
     assert (config.replicas, config.max_model_sets, config.port) == (2, 5, 9999)  # flag beats the YAML
     assert config.gpus_per_replica == 0.5 and config.voice_uploads is False
     assert config.infer_config == str(tmp_path / "configs" / "tts_infer.yaml")  # found as `serve` finds it
@@ -178,3 +246,59 @@ def test_without_ray_the_command_says_which_extra_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # as if ray[serve] were not installed
     with pytest.raises(EngineError, match=r"\.\[cluster\]"):
         connect(ClusterConfig())
+
+
+def test_the_command_warns_about_incomplete_default_weights_as_serve_does(tmp_path, monkeypatch, capsys):
+    from studio.cli import build_parser
+    from studio.cli import cluster as command
+    from studio.cli.bootstrap import incomplete_weights_warning
+    from studio.cluster import launch
+
+    monkeypatch.chdir(tmp_path)
+    path = infer_yaml(tmp_path / "tts_infer.yaml")  # names weights that are not there
+
+    class Stop(Exception):
+        pass
+
+    def deploy(config, **_):
+        raise Stop  # the warning comes before Ray starts
+
+    monkeypatch.setattr(launch, "deploy", deploy)
+    with pytest.raises(Stop):
+        command.run(build_parser("cluster").parse_args(["-c", path]))
+    err = capsys.readouterr().err
+    from engine.config import load_config
+
+    assert incomplete_weights_warning(load_config(path)) in err
+    assert "the default weights are incomplete" in err and "t2s_weights_path" in err
+
+
+def test_a_ray_started_here_is_a_new_one_with_its_dashboard_on_its_own_session_and_the_proxy_middleware(
+        monkeypatch, tmp_path):
+    """What `connect` asks of ray.init: never the Ray a `ray start` left running (address "local"), the
+    dashboard on by default (ray[default] is installed with the extra), on a free port when 8265 is taken,
+    the session folder and namespace given, and the proxy's middleware in the environment Ray inherits."""
+    import socket
+
+    pytest.importorskip("ray", reason="the [cluster] extra (ray[serve]) is not installed")
+    import ray
+
+    from studio.cluster import launch
+
+    calls = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kw: calls.append(kw))
+    monkeypatch.delenv(launch.PROXY_CALLBACK_ENV, raising=False)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        started, url = launch.connect(ClusterConfig(dashboard_port=port, temp_dir=str(tmp_path), namespace="ns"))
+    (kw,) = calls
+    assert started and kw["address"] == "local" and kw["include_dashboard"] is True
+    assert kw["dashboard_port"] != port and url == f"http://127.0.0.1:{kw['dashboard_port']}"
+    assert kw["_temp_dir"] == str(tmp_path) and kw["namespace"] == "ns"
+    assert launch.os.environ[launch.PROXY_CALLBACK_ENV] == launch.PROXY_CALLBACK
+    calls.clear()
+    assert launch.connect(ClusterConfig(dashboard=False)) == (True, None)
+    assert calls[0]["include_dashboard"] is False and calls[0]["dashboard_port"] is None
