@@ -3,14 +3,14 @@
 Each caller queues its item and then waits for the run lock; whoever holds it runs every queued item (up
 to ``max_batch``) as one batch and hands each caller its own result. A lone call runs at once, alone (no
 waiting window, so one user pays nothing); under load the items that arrived while a batch ran form the
-next one. No thread of its own, nothing to shut down.
+next one. Batches run on the leading caller's thread, or on a given executor.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Executor, Future
 from typing import Generic, TypeVar
 
 In = TypeVar("In")
@@ -23,10 +23,14 @@ class GroupRunner(Generic[In, Out]):
     ``run_batch(items) -> results`` (same order and length). An exception from a batch goes to every
     caller of that batch. ``batches`` and ``items`` count what ran (for benchmarks)."""
 
-    def __init__(self, run_batch: Callable[[Sequence[In]], Sequence[Out]], max_batch: int = 64) -> None:
+    def __init__(self, run_batch: Callable[[Sequence[In]], Sequence[Out]], max_batch: int = 64,
+                 executor: Executor | None = None) -> None:
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
         self._run_batch, self.max_batch = run_batch, max_batch
+        # where batches run (None: on the calling thread). A device model gets a thread of its own, so that
+        # however many request threads call, one thread holds its cuBLAS/cuDNN handles and workspaces.
+        self._executor = executor
         self._queue: list[tuple[In, Future]] = []
         self._queue_lock = threading.Lock()
         self._run_lock = threading.Lock()
@@ -51,7 +55,9 @@ class GroupRunner(Generic[In, Out]):
         self.batches += 1
         self.items += len(batch)
         try:
-            results = self._run_batch([item for item, _ in batch])
+            items = [item for item, _ in batch]
+            results = (self._run_batch(items) if self._executor is None
+                       else self._executor.submit(self._run_batch, items).result())
             if len(results) != len(batch):
                 raise RuntimeError(f"a batch of {len(batch)} items gave {len(results)} results")
         except BaseException as e:  # noqa: BLE001 - every caller of the batch gets it

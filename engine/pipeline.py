@@ -26,6 +26,7 @@ import random
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,7 @@ from engine.t2s.decoding import (
 log = logging.getLogger(__name__)
 
 MAX_SCHEDULERS = 4  # model sets with a live scheduler (each holds a KV-cache pool)
+REFERENCE_THREADS = 2  # engine threads that prepare references on an accelerator
 ProgressCallback = Callable[[int, int], None]  # (sentences done, sentences in total)
 MAX_REFERENCE_FILE_BYTES = 64 << 20  # a reference file larger than this is refused before reading
 
@@ -298,7 +300,7 @@ class VoiceCloner:
                  reference_rules: ReferenceRules = ReferenceRules(),
                  max_text_chars: int = EngineSettings.max_text_chars, scheduler=None,
                  fallback: DeviceFallback | None = None, reopen: Callable[[], Any] | None = None,
-                 gate=None, conv_backend: str = "auto") -> None:
+                 gate=None, conv_backend: str = "auto", lane: Executor | None = None) -> None:
         from engine.text.frontend import TextFrontend
 
         self.scheduler = scheduler  # engine.serving.Scheduler of these models; None: the official flow
@@ -311,6 +313,10 @@ class VoiceCloner:
         # engine.serving.gate.DeviceGate of the engine: device work here waits while a CUDA graph is captured
         self._gate = gate
         self._convs = conv_backend  # engine.runtime.conv_backend of reference preparation (new lengths each clip)
+        # the engine's threads for reference preparation on an accelerator (None: the caller's thread): each
+        # thread that touches the device holds its own cuBLAS/cuDNN handles and workspaces, so hundreds of
+        # request threads must not
+        self._lane = lane
         self.frontend = TextFrontend("v1" if models.version == "v1" else "v2", bert=models.bert,
                                      zh_g2p=models.zh_g2p)  # G2PW for v2+ Mandarin when its model is there
 
@@ -347,6 +353,12 @@ class VoiceCloner:
         return self.cache.get_or_create(key, lambda: self._build_reference(main, aux, prompt_text, reference.language))
 
     def _build_reference(self, main: bytes, aux: tuple[bytes, ...], prompt_text: str, lang: str) -> PreparedReference:
+        if self._lane is not None:
+            return self._lane.submit(self._build_reference_here, main, aux, prompt_text, lang).result()
+        return self._build_reference_here(main, aux, prompt_text, lang)
+
+    def _build_reference_here(self, main: bytes, aux: tuple[bytes, ...], prompt_text: str, lang: str
+                              ) -> PreparedReference:
         with self._device_work(), conv_backend(self.models.device, self._convs):
             return self._build_reference_now(main, aux, prompt_text, lang)
 
@@ -755,6 +767,9 @@ class Studio:
         from engine.serving.gate import DeviceGate
 
         self.gate = DeviceGate()  # device work of every scheduler and cloner vs CUDA graph captures
+        # reference preparation on an accelerator runs on these threads (started on demand), not on the
+        # request threads: few threads hold device handles, however many clients there are
+        self._lane = ThreadPoolExecutor(max_workers=REFERENCE_THREADS, thread_name_prefix="reference")
         self._events: dict[str, int] = {}  # serving events for /metrics (rebuilds, graphs captured...)
 
     @classmethod
@@ -829,7 +844,8 @@ class Studio:
         cloner = VoiceCloner(models, self.references, self.reference_rules, self.settings.max_text_chars,
                              scheduler=self.scheduler(models) if self.settings.scheduler else None,
                              fallback=self.fallback, reopen=lambda: self.scheduler(models), gate=self.gate,
-                             conv_backend=self.settings.conv_backend)
+                             conv_backend=self.settings.conv_backend,
+                             lane=self._lane if models.device.type != "cpu" else None)
         if self.settings.warmup:
             with self._lock:
                 first = models.id not in self._warmed
@@ -941,11 +957,12 @@ class Studio:
         return total
 
     def close(self) -> None:
-        """Stop the schedulers (their running requests end with an error)."""
+        """Stop the schedulers (their running requests end with an error) and the reference threads."""
         with self._lock:
             schedulers, self._schedulers = list(self._schedulers.values()), {}
         for sched in schedulers:
             sched.close()
+        self._lane.shutdown(wait=False, cancel_futures=True)
 
 
 def _freeing(results: Iterator[Result], runtime: Runtime) -> Iterator[Result]:

@@ -578,13 +578,20 @@ class Scheduler:
                 return
             taken, pending = _round(pending)
             t0 = time.perf_counter()
-            with self.gate.work(), conv_backend(self.models.device, self.config.conv_backend):
-                if stream is not None:
-                    with torch.cuda.stream(stream):
+            try:
+                with self.gate.work(), conv_backend(self.models.device, self.config.conv_backend):
+                    if stream is not None:
+                        with torch.cuda.stream(stream):
+                            self._acoustic_round(taken)
+                        stream.synchronize()
+                    else:
                         self._acoustic_round(taken)
-                    stream.synchronize()
-                else:
-                    self._acoustic_round(taken)
+            except Exception as e:  # the round's requests fail; the worker lives on for the others
+                log.exception("acoustic round failed")
+                self._event("acoustic_failure")
+                for _, request, *_ in taken:
+                    request.finish(e)
+                    request.cancel()
             self.acoustic_seconds += time.perf_counter() - t0
             self.acoustic_rounds += 1
             self.acoustic_chunks += len(taken)

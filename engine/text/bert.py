@@ -5,6 +5,7 @@ text from the third-to-last hidden state, repeated per phone (official
 from __future__ import annotations
 
 import pickle
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Sequence
 
@@ -40,7 +41,10 @@ class BertFeatureExtractor:
         p = next(self.model.parameters(), None)
         if batched is None:
             batched = p is not None and p.device.type != "cpu"
-        self._group = GroupRunner(self._batch_features, max_batch=BATCH_TEXTS) if batched else None
+        # batches run on one thread of the extractor's own: one set of cuBLAS handles however many callers
+        self._group = (GroupRunner(self._batch_features, max_batch=BATCH_TEXTS,
+                                   executor=ThreadPoolExecutor(1, thread_name_prefix="bert"))
+                       if batched else None)
 
     @classmethod
     def from_folder(cls, folder: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):

@@ -94,3 +94,19 @@ def test_batched_bert_features_equal_each_text_alone(bert_folder) -> None:
     for e, t in zip(expected, texts):
         torch.testing.assert_close(out[t], e, rtol=1e-4, atol=1e-5)
     assert batched.batches[1] == len(texts)
+
+
+def test_batches_run_on_the_given_executor_thread() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    names: list[str] = []
+    pool = ThreadPoolExecutor(1, thread_name_prefix="device-owner")
+    runner = GroupRunner(lambda items: (names.append(threading.current_thread().name), list(items))[1], executor=pool)
+    results: list = []
+    threads = [threading.Thread(target=lambda i=i: results.append(runner(i))) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    pool.shutdown()
+    assert sorted(results) == list(range(6)) and names and all(n.startswith("device-owner") for n in names)

@@ -241,3 +241,50 @@ def test_a_bucket_without_a_graph_runs_eagerly_and_is_captured_when_quiet(fake_g
         assert _tokens(studio, seed=3) == expected  # and replaying the captured step changes nothing
     finally:
         studio.close()
+
+
+def test_reference_preparation_runs_on_the_engine_lane_not_the_request_thread() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from engine.pipeline import VoiceCloner
+    from engine.reference_cache import ReferenceCache
+
+    studio = _studio(scheduler_slots=2)
+    lane = ThreadPoolExecutor(1, thread_name_prefix="reference-lane")
+    try:
+        models = studio.cloner().models
+        cloner = VoiceCloner(models, ReferenceCache(), lane=lane)
+        seen: list[str] = []
+        build = cloner._build_reference_now
+
+        def recording(*args):
+            seen.append(threading.current_thread().name)
+            return build(*args)
+
+        cloner._build_reference_now = recording  # type: ignore[method-assign]
+        prepared = cloner.prepare(_reference())
+        assert prepared.prompt_semantic is not None and len(seen) == 1 and seen[0].startswith("reference-lane")
+    finally:
+        lane.shutdown()
+        studio.close()
+
+
+def test_an_acoustic_round_that_fails_fails_its_requests_and_the_worker_lives_on() -> None:
+    studio = _studio(scheduler_slots=2)
+    try:
+        sched = studio.scheduler(studio.cloner().models)
+        real, calls = sched._acoustic_round, [0]
+
+        def failing_once(jobs):
+            calls[0] += 1
+            if calls[0] == 1:
+                raise RuntimeError("CUDA error: an acoustic kernel failed (injected)")
+            return real(jobs)
+
+        sched._acoustic_round = failing_once  # type: ignore[method-assign]
+        with pytest.raises(RuntimeError, match="injected"):
+            list(studio.synthesize(TEXT, "en", _reference(), _options(seed=1)))
+        assert join(studio.synthesize(TEXT, "en", _reference(), _options(seed=2)))[1].size > 0
+        assert studio.serving_events().get("acoustic_failure") == 1
+    finally:
+        studio.close()
