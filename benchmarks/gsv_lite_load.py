@@ -154,6 +154,11 @@ class Clips:
         return self.paths[serial], clip.text, clip.language
 
 
+def clip_seconds(clip) -> float:
+    """Seconds of audio in one AudioClip: its samples (a stream chunk's ``audio_len_s`` is the running total)."""
+    return len(clip.audio_data) / clip.samplerate
+
+
 def stream_level(tts, mix: MixWorkload, clips: Clips, clients: int, first_serial: int, duration: float,
                  timeout: float) -> list[StreamRecord]:
     """N clients, closed loop; streams run one at a time in arrival order (as under TTS._infer_lock)."""
@@ -171,9 +176,10 @@ def stream_level(tts, mix: MixWorkload, clips: Clips, clients: int, first_serial
             for chunk in tts.infer_stream(spk_audio_path=str(path), prompt_audio_path=str(path),
                                           prompt_audio_text=prompt, text=job.text, text_language=job.text_lang,
                                           prompt_language=prompt_lang, debug=False):
-                if first is None and chunk.audio_len_s > 0:
+                seconds = clip_seconds(chunk)
+                if first is None and seconds > 0:
                     first = time.perf_counter() - due
-                audio += chunk.audio_len_s
+                audio += seconds
         except Exception as e:  # noqa: BLE001 - one failed stream is a counted error, as over HTTP
             return StreamRecord(None, first, time.perf_counter() - due, audio, SAMPLE_RATE, "exception",
                                 f"{type(e).__name__}: {e}"[:200], job.tag)
@@ -222,7 +228,7 @@ def batch_level(tts, mix: MixWorkload, clips: Clips, clients: int, first_serial:
             break
         wall = time.perf_counter() - t0
         for job, clip in zip(jobs, out):
-            records.append(StreamRecord(200, wall, wall, float(clip.audio_len_s), SAMPLE_RATE, None, "", job.tag))
+            records.append(StreamRecord(200, wall, wall, clip_seconds(clip), SAMPLE_RATE, None, "", job.tag))
     return records
 
 
