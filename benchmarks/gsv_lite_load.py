@@ -67,6 +67,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--max-tokens", type=int, default=200, help="for the report only (see --kv)")
     ap.add_argument("--kv", type=int, default=512, help="gsv-tts-lite's KV cache length per row (gpt_cache)")
     ap.add_argument("--batch-rows", type=int, default=128, help="largest T2S batch bucket (gpt_cache)")
+    ap.add_argument("--languages", default=None, help="comma-separated subset of the mix's (default: all)")
     ap.add_argument("--out", required=True, help="the JSON report")
     ap.add_argument("--budget", type=float, default=300.0, help="seconds; levels that would not fit are skipped")
     return ap.parse_args(argv)
@@ -267,7 +268,7 @@ def run(args: argparse.Namespace, report: dict[str, Any], save) -> None:
     if not use_bert:
         report["notes"].append("Mandarin without BERT features (gsv-tts-lite's CPU path wants an INT8 ONNX "
                                "RoBERTa it downloads)")
-    mix = load_mix(args.ref_dir)
+    mix = load_mix(args.ref_dir, tuple(args.languages.split(",")) if args.languages else None)
     clips = Clips(mix, work / "clips")
     clips.folder.mkdir()
     # one call per language, alone: a language whose front end cannot run here is left out, with why
