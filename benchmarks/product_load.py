@@ -369,7 +369,10 @@ def markdown(report: dict[str, Any]) -> str:
     if gsv:
         lines += ["", "#### gsv-tts-lite on the same weights, texts and clips (in process)", ""]
         if gsv.get("ran"):
-            lines += [gsv.get("how", ""), ""]
+            lines += [gsv.get("how", ""), "", f"Languages: {', '.join(gsv.get('languages', []))}."]
+            for lang, why in (gsv.get("excluded_languages") or {}).items():
+                lines.append(f"Left out: {lang} ({' '.join(why.split())[:300]}).")
+            lines.append("")
             for api in ("batch", "stream"):
                 levels = gsv.get(api) or []
                 if levels:
