@@ -67,6 +67,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--max-tokens", type=int, default=200, help="for the report only (see --kv)")
     ap.add_argument("--kv", type=int, default=512, help="gsv-tts-lite's KV cache length per row (gpt_cache)")
     ap.add_argument("--batch-rows", type=int, default=128, help="largest T2S batch bucket (gpt_cache)")
+    ap.add_argument("--languages", default=None, help="comma-separated subset of the mix's (default: all)")
     ap.add_argument("--out", required=True, help="the JSON report")
     ap.add_argument("--budget", type=float, default=300.0, help="seconds; levels that would not fit are skipped")
     return ap.parse_args(argv)
@@ -154,6 +155,11 @@ class Clips:
         return self.paths[serial], clip.text, clip.language
 
 
+def clip_seconds(clip) -> float:
+    """Seconds of audio in one AudioClip: its samples (a stream chunk's ``audio_len_s`` is the running total)."""
+    return len(clip.audio_data) / clip.samplerate
+
+
 def stream_level(tts, mix: MixWorkload, clips: Clips, clients: int, first_serial: int, duration: float,
                  timeout: float) -> list[StreamRecord]:
     """N clients, closed loop; streams run one at a time in arrival order (as under TTS._infer_lock)."""
@@ -171,9 +177,10 @@ def stream_level(tts, mix: MixWorkload, clips: Clips, clients: int, first_serial
             for chunk in tts.infer_stream(spk_audio_path=str(path), prompt_audio_path=str(path),
                                           prompt_audio_text=prompt, text=job.text, text_language=job.text_lang,
                                           prompt_language=prompt_lang, debug=False):
-                if first is None and chunk.audio_len_s > 0:
+                seconds = clip_seconds(chunk)
+                if first is None and seconds > 0:
                     first = time.perf_counter() - due
-                audio += chunk.audio_len_s
+                audio += seconds
         except Exception as e:  # noqa: BLE001 - one failed stream is a counted error, as over HTTP
             return StreamRecord(None, first, time.perf_counter() - due, audio, SAMPLE_RATE, "exception",
                                 f"{type(e).__name__}: {e}"[:200], job.tag)
@@ -222,7 +229,7 @@ def batch_level(tts, mix: MixWorkload, clips: Clips, clients: int, first_serial:
             break
         wall = time.perf_counter() - t0
         for job, clip in zip(jobs, out):
-            records.append(StreamRecord(200, wall, wall, float(clip.audio_len_s), SAMPLE_RATE, None, "", job.tag))
+            records.append(StreamRecord(200, wall, wall, clip_seconds(clip), SAMPLE_RATE, None, "", job.tag))
     return records
 
 
@@ -261,7 +268,7 @@ def run(args: argparse.Namespace, report: dict[str, Any], save) -> None:
     if not use_bert:
         report["notes"].append("Mandarin without BERT features (gsv-tts-lite's CPU path wants an INT8 ONNX "
                                "RoBERTa it downloads)")
-    mix = load_mix(args.ref_dir)
+    mix = load_mix(args.ref_dir, tuple(args.languages.split(",")) if args.languages else None)
     clips = Clips(mix, work / "clips")
     clips.folder.mkdir()
     # one call per language, alone: a language whose front end cannot run here is left out, with why

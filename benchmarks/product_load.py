@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import socket
 import subprocess
 import sys
@@ -95,6 +96,7 @@ class Run:
         self.t0 = time.monotonic()
         self.out = Path(args.out)
         self.out.mkdir(parents=True, exist_ok=True)
+        self.temp_weights: Path | None = None  # random weights written by this run (removed at its end)
         self.report: dict[str, Any] = {"benchmark": "benchmarks/product_load.py", "started": _utc(),
                                        "settings": {k: v for k, v in vars(args).items()},
                                        "machine": machine(), "notes": []}
@@ -170,7 +172,8 @@ def weights_config(run: Run) -> Path:
         return config
     from engine.testweights import make_test_weights
 
-    folder = Path(tempfile.mkdtemp(prefix="product-load-")) / args.version
+    run.temp_weights = Path(tempfile.mkdtemp(prefix="product-load-"))
+    folder = run.temp_weights / args.version
     t = time.monotonic()
     config = make_test_weights(folder, args.version, full_size=not args.tiny)
     run.log(f"wrote random {'tiny' if args.tiny else 'full-size'} {args.version} weights to {folder} "
@@ -369,7 +372,10 @@ def markdown(report: dict[str, Any]) -> str:
     if gsv:
         lines += ["", "#### gsv-tts-lite on the same weights, texts and clips (in process)", ""]
         if gsv.get("ran"):
-            lines += [gsv.get("how", ""), ""]
+            lines += [gsv.get("how", ""), "", f"Languages: {', '.join(gsv.get('languages', []))}."]
+            for lang, why in (gsv.get("excluded_languages") or {}).items():
+                lines.append(f"Left out: {lang} ({' '.join(why.split())[:300]}).")
+            lines.append("")
             for api in ("batch", "stream"):
                 levels = gsv.get(api) or []
                 if levels:
@@ -424,8 +430,12 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as e:  # noqa: BLE001 - recorded, and the gsv phase still runs
             failed = True
             run.note(f"server phase failed: {type(e).__name__}: {e}")
-    if args.gsv != "off":
-        gsv_phase(run, ref_dir)
+    try:
+        if args.gsv != "off":
+            gsv_phase(run, ref_dir)
+    finally:
+        if run.temp_weights is not None:
+            shutil.rmtree(run.temp_weights, ignore_errors=True)
     run.report["finished"] = _utc()
     run.report["elapsed_s"] = round(run.elapsed(), 1)
     run.save()
