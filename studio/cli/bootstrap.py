@@ -122,7 +122,7 @@ def token_cap(config, args: argparse.Namespace) -> int | None:
     return getattr(args, "max_tokens_per_sentence", None) or config.active.max_tokens_per_sentence or None
 
 
-def build_studio(config, args: argparse.Namespace, **settings):
+def build_studio(config, args: argparse.Namespace, reference_rules=None, **settings):
     """The engine for ``config`` with the command's ``--device``/``--precision``, the knobs (flags over the
     config's keys) and ``EngineSettings`` fields given here.
 
@@ -137,8 +137,10 @@ def build_studio(config, args: argparse.Namespace, **settings):
     if hasattr(args, "max_text_chars"):
         settings.setdefault("max_text_chars", args.max_text_chars)
     settings = {**knob_settings(ENGINE, knob_values(config, args)), **settings}
+    extra = {"reference_rules": reference_rules} if reference_rules is not None else {}
     studio = Studio.from_config(config, device=getattr(args, "device", None),
-                                precision=getattr(args, "precision", None), settings=EngineSettings(**settings))
+                                precision=getattr(args, "precision", None), settings=EngineSettings(**settings),
+                                **extra)
     for notice in (studio.device_notice, *studio.config_notices):
         if notice:
             print(f"warning: {notice}", file=sys.stderr)
