@@ -9,12 +9,46 @@ workers (the API's ``SynthesisRunner``). The command that serves it is ``sovits-
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
 Credentials = list[tuple[str, str]]
+TEMP_ENV = "GRADIO_TEMP_DIR"  # where Gradio keeps the files a page serves (uploads, clips, example copies)
+
+
+@contextmanager
+def own_file_folder() -> Iterator[Path]:
+    """A fresh folder for every file this process's page serves, removed when the block ends.
+
+    Gradio keeps uploads, results and copies of the example clips in one machine-wide folder
+    (``$GRADIO_TEMP_DIR``, default ``/tmp/gradio``), named by content, and each app deletes "its" files when
+    it stops: another instance that stops (or fails on its port) takes this one's example clips with it.
+    Inside the block, this process's Gradio works in a folder of its own (made inside ``$GRADIO_TEMP_DIR``
+    when that is set), so nothing another process does can delete its files. Gradio reads the variable
+    when a page is built and on each upload, so the block must hold both; a process serves one page in it.
+    """
+    parent = os.environ.get(TEMP_ENV) or None
+    if parent:
+        Path(parent).mkdir(parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix="sovits-studio-webui-", dir=parent)).resolve()
+    before = os.environ.get(TEMP_ENV)
+    os.environ[TEMP_ENV] = str(folder)
+    try:
+        yield folder
+    finally:
+        if before is None:
+            os.environ.pop(TEMP_ENV, None)
+        else:
+            os.environ[TEMP_ENV] = before
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def parse_auth(value: str) -> Credentials:

@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     from studio.http.limits import limits_from_args
     from webui.app import UISettings
     from webui.models_list import ModelCatalog
-    from webui.server import create_webui_app, parse_auth
+    from webui.server import create_webui_app, own_file_folder, parse_auth
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     auth = parse_auth(args.auth) if args.auth else None
@@ -51,10 +51,11 @@ def run(args: argparse.Namespace) -> int:
                                      limits=limits_from_args(args, max_tokens_per_sentence=max_tokens))
     ui = UISettings(max_tokens_per_sentence=max_tokens, notice=notice, random_weights=config.active.random_weights)
     print("listing weight files...", file=sys.stderr)
-    app = create_webui_app(studio, config, ui, server_settings, auth, concurrency=args.workers,
-                           max_queue=args.max_queue, catalog=catalog)
-    start_warmup(studio, config, args, app)
-    return _run(app, args.host, args.port, share=args.share, protected=bool(auth))
+    with own_file_folder():  # uploads, clips and example copies: no other instance can delete them
+        app = create_webui_app(studio, config, ui, server_settings, auth, concurrency=args.workers,
+                               max_queue=args.max_queue, catalog=catalog)
+        start_warmup(studio, config, args, app)
+        return _run(app, args.host, args.port, share=args.share, protected=bool(auth))
 
 
 def _run(app, host: str, port: int, share: bool, protected: bool) -> int:
