@@ -127,9 +127,11 @@ def _header(page: Page, settings: UISettings, notice: str) -> None:
 def _model_pickers(page: Page, catalog: ModelCatalog, weights) -> None:
     with gr.Group(elem_id="models"):
         with gr.Row(equal_height=True):
-            page.gpt = gr.Dropdown(catalog.choices("gpt"), value=str(Path(weights.gpt).resolve()), scale=4,
+            # values are short names ("v2 · s2G2333k.pth"): no path leaves the server (catalog.resolve)
+            page.gpt = gr.Dropdown(catalog.picker_choices("gpt"), value=catalog.key_for(weights.gpt, "gpt"), scale=4,
                                    label=_t("gpt"), info=_t("gpt.info"), allow_custom_value=True, elem_id="gpt")
-            page.sovits = gr.Dropdown(catalog.choices("sovits"), value=str(Path(weights.sovits).resolve()), scale=4,
+            page.sovits = gr.Dropdown(catalog.picker_choices("sovits"), value=catalog.key_for(weights.sovits, "sovits"),
+                                      scale=4,
                                       label=_t("sovits"), info=_t("sovits.info"), allow_custom_value=True,
                                       elem_id="sovits")
             page.rescan = gr.Button(_t("rescan"), size="sm", scale=1, min_width=120)
@@ -197,7 +199,7 @@ def _wire(demo: gr.Blocks, page: Page, studio, config, catalog: ModelCatalog, se
              *(c.name for c in form.CONTROLS), "ui_language"]
     widgets = {**page.inputs, "gpt_weights": page.gpt, "sovits_weights": page.sovits, "ui_language": page.ui_language}
     widen = lambda v: _super_sampler(v, studio, catalog, super_sampler)  # noqa: E731
-    generate = _generate_handler(names, studio, settings, pool, widen)
+    generate = _generate_handler(names, studio, settings, pool, widen, catalog)
     running = page.generate.click(generate, [widgets[n] for n in names], list(page.outputs), api_name="generate")
     page.stop.click(None, None, None, cancels=[running])
     page.new_seed.click(handlers.new_seed, None, page.inputs["seed"], api_name="new_seed", queue=False)
@@ -214,7 +216,8 @@ def _wire_notes(page: Page, studio, catalog: ModelCatalog) -> dict:
     text_inputs = [page.inputs["text"], page.inputs["text_lang"], lang]
     for trigger in (page.inputs["text"].change, page.inputs["text_lang"].change):
         trigger(handlers.language_note, text_inputs, page.text_note, queue=False, api_visibility="private")
-    pair = lambda gpt, sovits, locale: handlers.pair_note(catalog, gpt, sovits, locale)  # noqa: E731
+    pair = lambda gpt, sovits, locale: handlers.pair_note(catalog, catalog.resolve(gpt), catalog.resolve(sovits),  # noqa: E731
+                                                          locale)
     for trigger in (page.gpt.change, page.sovits.change):
         trigger(pair, [page.gpt, page.sovits, lang], page.pair, queue=False, api_visibility="private")
     return {"describe": describe, "pair": pair}
@@ -222,7 +225,7 @@ def _wire_notes(page: Page, studio, catalog: ModelCatalog) -> dict:
 
 def _wire_models(page: Page, config, catalog: ModelCatalog) -> None:
     def rescan():
-        return gr.update(choices=catalog.choices("gpt")), gr.update(choices=catalog.choices("sovits"))
+        return gr.update(choices=catalog.picker_choices("gpt")), gr.update(choices=catalog.picker_choices("sovits"))
 
     page.rescan.click(rescan, None, [page.gpt, page.sovits], api_name="rescan_models")
     if config is not None:
@@ -251,10 +254,11 @@ def _wire_language(demo: gr.Blocks, page: Page, notes: dict, studio, settings: U
     demo.load(None, None, lang, js=i18n.DETECT_JS)  # a browser language other than the default fires .change
 
 
-def _generate_handler(names: list[str], studio, settings: UISettings, pool, widen):
+def _generate_handler(names: list[str], studio, settings: UISettings, pool, widen, catalog: ModelCatalog):
     async def generate(*args):
         *values, progress = args  # gradio passes the gr.Progress named in the signature last
         v = dict(zip(names, values))
+        v["gpt_weights"], v["sovits_weights"] = catalog.resolve(v["gpt_weights"]), catalog.resolve(v["sovits_weights"])
         locale = v["ui_language"]
         files = {str(v["ref_audio"] or ""): "ref", **{str(getattr(a, "name", a)): "aux" for a in v["aux_audio"] or ()},
                  str(v["gpt_weights"] or ""): "gpt", str(v["sovits_weights"] or ""): "sovits"}
@@ -282,7 +286,8 @@ def _generate_handler(names: list[str], studio, settings: UISettings, pool, wide
             raise gr.Error(i18n.text("error.timeout", locale, seconds=f"{settings.request_timeout_s:g}"),
                            print_exception=False) from e
         except EngineError as e:
-            raise gr.Error(user_message(e, locale, files), print_exception=False) from e
+            raise gr.Error(user_message(e, locale, files, weights_listed=catalog.listed_any),
+                           print_exception=False) from e
 
     generate.__signature__ = _named(names)  # API parameter names = field names
     return generate
@@ -317,7 +322,7 @@ async def _until(stream, seconds: float | None):
 def _super_sampler(v: dict, studio, catalog: ModelCatalog, store):
     """(the AP-BWE sampler, "") for a v3 request whose model is in place; else (None, why not)."""
     locale = v["ui_language"]
-    described = catalog.describe(v["sovits_weights"] or studio.default_weights.sovits)
+    described = catalog.describe(catalog.resolve(v["sovits_weights"]) or studio.default_weights.sovits)
     version = described.version if described is not None else "?"
     if version != "v3":
         return None, i18n.text("super_sampling.v3_only", locale, version=version)
