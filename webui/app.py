@@ -25,10 +25,12 @@ from engine.errors import EngineError
 from webui import form, handlers, i18n
 from webui.messages import user_message
 from webui.models_list import ModelCatalog
+from webui.progress import SynthesisProgress
 from webui.streaming_audio import streaming_audio
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 _t = I18nData  # _t("key"): a text the browser translates (webui/locale/*.json)
+TICK_S = 1.0  # while a synthesis runs, its progress line is rewritten at least this often
 
 
 @dataclass(frozen=True)
@@ -272,16 +274,22 @@ def _generate_handler(names: list[str], studio, settings: UISettings, pool, wide
             if note:
                 gr.Warning(note)
             event = contextvars.copy_context()  # gradio finds the request's progress bar through it
+            shown = SynthesisProgress()  # the page's own line: it stays up for the whole run
 
             def on_progress(done: int, total: int) -> None:  # called on the worker thread
-                event.run(progress, (done, total), unit="sentences")
+                shown.update(done, total)
+                event.run(progress, (done, total), unit="sentences")  # API clients read gradio's progress
 
+            yield gr.skip(), gr.skip(), shown.line(locale)
             chunks = await pool.stream(lambda: handlers.synthesize(
                 studio, v["text"], v["text_lang"], reference, options, v["gpt_weights"], v["sovits_weights"],
                 settings.max_tokens_per_sentence, on_progress, locale, sampler))
             async for chunk in _until(chunks, settings.request_timeout_s):  # computed on the API's pool
+                if chunk is None:  # a second without audio: the progress line's clock moves on
+                    yield gr.skip(), gr.skip(), shown.line(locale)
+                    continue
                 audio = (chunk.sample_rate, chunk.pcm16)
-                yield (None, audio, chunk.status) if chunk.final else (audio, gr.skip(), gr.skip())
+                yield (None, audio, chunk.status) if chunk.final else (audio, gr.skip(), shown.line(locale))
         except TimeoutError as e:
             raise gr.Error(i18n.text("error.timeout", locale, seconds=f"{settings.request_timeout_s:g}"),
                            print_exception=False) from e
@@ -296,25 +304,34 @@ def _generate_handler(names: list[str], studio, settings: UISettings, pool, wide
 # ---- helpers ------------------------------------------------------------------------------------------
 
 
-async def _until(stream, seconds: float | None):
+async def _until(stream, seconds: float | None, tick: float = TICK_S):
     """The items of ``stream`` (a ``ResultStream``) until ``seconds`` have passed; then the stream is
-    cancelled (its work stops at the next item) and TimeoutError is raised."""
+    cancelled (its work stops at the next item) and TimeoutError is raised. Every ``tick`` seconds
+    without an item, None is yielded (the caller refreshes its progress line)."""
     loop = asyncio.get_running_loop()
     deadline = None if seconds is None else loop.time() + seconds
     items = stream.__aiter__()
+    pending = None
     try:
         while True:
             remaining = None if deadline is None else deadline - loop.time()
             if remaining is not None and remaining <= 0:
                 raise TimeoutError
+            pending = pending or asyncio.ensure_future(items.__anext__())
+            done, _ = await asyncio.wait({pending}, timeout=tick if remaining is None else min(tick, remaining))
+            if not done:
+                yield None
+                continue
+            finished, pending = pending, None
             try:
-                item = await asyncio.wait_for(items.__anext__(), remaining)
+                item = finished.result()
             except StopAsyncIteration:
                 return
-            except asyncio.TimeoutError:  # not yet the builtin TimeoutError before Python 3.11
-                raise TimeoutError from None
             yield item
     finally:
+        if pending is not None:
+            pending.cancel()
+            await asyncio.gather(pending, return_exceptions=True)
         stream.cancel()
         await items.aclose()
 

