@@ -173,15 +173,19 @@ def _text_and_output(page: Page, settings: UISettings) -> None:
 
 
 def _settings_panels(page: Page) -> None:
-    with gr.Accordion(_t("sampling"), open=True), gr.Row():
+    with gr.Accordion(_t("sampling"), open=True, elem_id="sampling"), gr.Row():
         for c in form.CONTROLS:
             if c.group == "sampling":
                 page.inputs[c.name] = _control(c)
         page.new_seed = gr.Button(_t("new_seed"), size="sm")
-    with gr.Accordion(_t("advanced"), open=False), gr.Row():
-        for c in form.CONTROLS:
-            if c.group == "advanced":
-                page.inputs[c.name] = _control(c)
+    advanced = [c for c in form.CONTROLS if c.group == "advanced"]
+    with gr.Accordion(_t("advanced"), open=False, elem_id="advanced"):
+        # the values in one row, the switches in the next; each wide enough for its label and help text
+        # in every language (a row wraps what does not fit)
+        for widgets in ([c for c in advanced if c.widget != "checkbox"], [c for c in advanced if c.widget == "checkbox"]):
+            with gr.Row(equal_height=False):
+                for c in widgets:
+                    page.inputs[c.name] = _control(c)
 
 
 def _examples(page: Page, path: Path) -> None:
@@ -369,10 +373,11 @@ def _control(c: form.Control) -> gr.components.Component:
     if c.widget == "slider":
         return gr.Slider(c.minimum, c.maximum, value=value, step=c.step, label=label, info=info, min_width=300)
     if c.widget == "checkbox":
-        return gr.Checkbox(value=value, label=label, info=info)
+        return gr.Checkbox(value=value, label=label, info=info, min_width=260)
     if c.widget == "dropdown":
-        return gr.Dropdown(choices=list(c.choices), value=value, label=label, info=info)
-    return gr.Number(value=value, precision=0, minimum=c.minimum, maximum=c.maximum, label=label, info=info)
+        return gr.Dropdown(choices=list(c.choices), value=value, label=label, info=info, min_width=240)
+    return gr.Number(value=value, precision=0, minimum=c.minimum, maximum=c.maximum, label=label, info=info,
+                     min_width=240)
 
 
 def _example_rows(path: Path) -> list[list[str]]:

@@ -92,3 +92,59 @@ def test_progress_stays_up_for_the_whole_synthesis(url, streamed) -> None:
     assert any("left" in s and "?" not in s for s in counts), counts  # an estimate of the time left
     elapsed = {s.split(" elapsed")[0].split("· ")[-1] for s in shown}
     assert len(elapsed) >= 3, elapsed  # the clock moves between the sentences too
+
+
+# Every text of a panel, whole: not cut by an ancestor that clips, not wider than its box, not squeezed
+# into a column a few characters wide (at most 4 lines), not broken inside a word.
+TEXTS_SHOWN_WHOLE = """(panel) => {
+  const bad = [];
+  const root = document.querySelector(panel);
+  const walker = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
+  for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+    const text = node.textContent.trim();
+    const el = node.parentElement;
+    if (!text || !el || el.closest('input, textarea, select, option, ul[role=listbox]')) continue;
+    const style = getComputedStyle(el);
+    if (style.display === 'none' || style.visibility === 'hidden' || el.offsetParent === null) continue;
+    const range = document.createRange(); range.selectNodeContents(node);
+    const rects = [...range.getClientRects()].filter(r => r.width > 0);
+    if (!rects.length) { bad.push([text, 'not shown']); continue; }
+    const lineHeight = parseFloat(style.lineHeight) || parseFloat(style.fontSize) * 1.3;
+    const lines = new Set(rects.map(r => Math.round(r.top / (lineHeight / 2)))).size;
+    if (text.length >= 12 && lines > 4) bad.push([text, `${lines} lines`]);
+    if (el.scrollWidth > el.clientWidth + 1 && style.overflow !== 'visible') bad.push([text, 'overflows its box']);
+    for (let a = el; a && a !== document.body; a = a.parentElement) {
+      const s = getComputedStyle(a);
+      if (s.overflowX === 'visible' && s.overflowY === 'visible') continue;
+      const box = a.getBoundingClientRect();
+      for (const r of rects) {
+        if (r.left < box.left - 1 || r.right > box.right + 1 || r.bottom > box.bottom + 1) {
+          bad.push([text, 'cut off by ' + (a.id || a.className || a.tagName)]); break;
+        }
+      }
+    }
+    const words = text.split(/\\s+/).filter(w => w.length >= 4);
+    if (words.length >= 3 && lines >= words.length) bad.push([text, 'one word per line']);
+  }
+  return bad;
+}"""
+
+
+@pytest.mark.parametrize("locale", ["zh-CN", "en-US", "ja", "ko"])
+def test_every_label_of_the_settings_panels_is_shown_whole(url, locale) -> None:
+    from webui.i18n import normalize, text
+
+    with browser_page(url, locale) as page:
+        page.wait_for_selector("#generate", timeout=60_000)
+        shown_locale = normalize(locale)
+        page.wait_for_selector(f"#advanced:has-text('{text('advanced', shown_locale)}')", timeout=30_000)
+        page.locator("#advanced button.label-wrap").first.click()
+        page.wait_for_selector(f"#advanced:has-text('{text('super_sampling.info', shown_locale)[:12]}')",
+                               timeout=30_000)
+        for panel in ("#sampling", "#advanced"):
+            assert page.evaluate(TEXTS_SHOWN_WHOLE, panel) == [], (locale, panel)
+        expected = [text(k, shown_locale) for c in ("parallel_infer", "split_bucket", "streaming_mode",
+                                                      "super_sampling") for k in (c, f"{c}.info")]
+        shown = page.locator("#advanced").inner_text()
+        for label in expected:
+            assert label in shown, label
