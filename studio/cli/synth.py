@@ -58,11 +58,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a reference outside 3-10 s: error (official), or trim_pad (cut to 10 s / pad to 3 s)")
     parser.add_argument("--aux-ref", action="append", default=[], help="extra reference clip (repeatable)")
     parser.add_argument("--out", required=True, help="output wav file")
-    from studio.cli.bootstrap import add_config_argument, add_device_arguments, add_knob_arguments
+    from studio.cli.bootstrap import (
+        add_config_argument,
+        add_device_arguments,
+        add_knob_arguments,
+        add_verbose_argument,
+    )
 
     add_config_argument(parser)
     add_device_arguments(parser)
     add_knob_arguments(parser)
+    add_verbose_argument(parser)
     parser.add_argument("--gpt", default=None, help="GPT weights (.ckpt); default: from the config")
     parser.add_argument("--sovits", default=None, help="SoVITS weights (.pth); default: from the config")
     parser.add_argument("--t2s-decoder", default="auto", choices=("auto", "fast", "reference", "int8"),
@@ -124,8 +130,9 @@ def run(args: argparse.Namespace) -> int:
 
     from engine.audio_formats import to_pcm16
     from engine.pipeline import Reference
-    from studio.cli.bootstrap import build_studio, load_engine_config, token_cap
+    from studio.cli.bootstrap import build_studio, load_engine_config, quiet_libraries, token_cap
 
+    quiet_libraries(args.verbose)
     # every input is checked here, before a model loads: a typo costs a second, not a model load
     text = _read_text(args.text)
     options = _options(args)

@@ -15,12 +15,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         add_device_arguments,
         add_knob_arguments,
         add_server_arguments,
+        add_verbose_argument,
     )
 
     add_config_argument(parser)
     add_device_arguments(parser)
     add_server_arguments(parser, port=9872, port_note="as the official TTS page")
     add_knob_arguments(parser, warmup=True)
+    add_verbose_argument(parser)
     parser.add_argument("--share", action="store_true", help="also open a public Gradio share link (72 h)")
     parser.add_argument("--auth", default=None, metavar="USER:PASS|FILE",
                         help="require a login: USER:PASS, or a file with one USER:PASS per line")
@@ -30,7 +32,14 @@ def run(args: argparse.Namespace) -> int:
     import logging
 
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-    from studio.cli.bootstrap import build_studio, load_engine_config, start_warmup, token_cap
+    from studio.cli.bootstrap import (
+        build_studio,
+        load_engine_config,
+        quiet_libraries,
+        start_warmup,
+        token_cap,
+        voices_folder,
+    )
     from studio.http.context import ServerSettings
     from studio.http.limits import limits_from_args
     from webui.app import UISettings
@@ -38,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
     from webui.server import create_webui_app, own_file_folder, parse_auth
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    quiet_libraries(args.verbose)
     auth = parse_auth(args.auth) if args.auth else None
     config = load_engine_config(args.config, required=True)
     catalog = ModelCatalog(config.base_dir, extra_dirs=(  # the config's folder tree, the working folder
@@ -47,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     studio = build_studio(config, args, weight_roots=roots)
     notice = studio.device_notice[:1].upper() + studio.device_notice[1:]
     max_tokens = token_cap(config, args)
-    server_settings = ServerSettings(weight_roots=roots, profiles_dir=args.profiles_dir,
+    server_settings = ServerSettings(weight_roots=roots, profiles_dir=voices_folder(args.profiles_dir),
                                      limits=limits_from_args(args, max_tokens_per_sentence=max_tokens))
     ui = UISettings(max_tokens_per_sentence=max_tokens, notice=notice, random_weights=config.active.random_weights)
     print("listing weight files...", file=sys.stderr)

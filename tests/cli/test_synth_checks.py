@@ -133,3 +133,38 @@ def test_inspect_reads_the_folder_make_test_weights_writes(capsys):
     empty.mkdir(exist_ok=True)
     assert main(["inspect", str(empty)]) == 1
     assert "expected a HuBERT, RoBERTa or BigVGAN model folder" in capsys.readouterr().out
+
+
+@pytest.mark.slow  # a whole process: imports and model loading (about 15 s idle)
+def test_synth_prints_no_library_chatter(tmp_path) -> None:
+    """A real process (the libraries' settings are per process): no "Loading weights" bars, no jieba
+    dictionary messages (--verbose keeps them)."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.support.paths import REPO
+
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_DISABLE_PROGRESS_BARS"}
+    env["PYTHONPATH"] = str(REPO)
+    argv = [sys.executable, "-m", "studio.cli", *args_for(tmp_path, **{"--text": "你好，世界。", "--text-lang": "zh"}),
+            "--early-stop-num", "5"]
+    quiet = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    assert quiet.returncode == 0, quiet.stderr
+    assert "wrote " in quiet.stdout
+    for chatter in ("Loading weights", "prefix dict", "Loading model"):
+        assert chatter not in quiet.stderr, quiet.stderr
+
+
+def test_saved_voices_default_to_the_users_data_folder(tmp_path, monkeypatch) -> None:
+    from studio.cli.bootstrap import voices_folder
+
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    monkeypatch.chdir(tmp_path)
+    import sys
+
+    default = voices_folder(None)
+    if sys.platform.startswith("linux"):
+        assert default == str(tmp_path / "data" / "sovits-studio" / "voices")
+    assert not default.startswith(str(tmp_path / "voices")) and "sovits-studio" in default
+    assert voices_folder("my-voices") == "my-voices"
