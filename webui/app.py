@@ -40,7 +40,8 @@ class UISettings:
     title: str = "SoVITS Studio"
     max_tokens_per_sentence: int | None = None  # server cap on early_stop_num; None: the model's own limit
     examples_file: Path = ASSETS / "examples.json"
-    notice: str = ""  # shown under the title (e.g. a device fallback)
+    notice: str = ""  # shown under the title as it is (a deployment's own note)
+    device_fallback: str = ""  # the device the config asks for, which this machine lacks (said in the page's language)
     default_text: str = "Hello! This voice was cloned from a few seconds of audio."
     random_weights: bool = False  # the model set is a random-weight test set: say so at the top
     request_timeout_s: float | None = None  # one synthesis, start to last chunk; then it stops (server limit)
@@ -246,17 +247,19 @@ def _wire_language(demo: gr.Blocks, page: Page, notes: dict, studio, settings: U
                    version: str) -> None:
     """The switch starts at the browser's language; changing it re-translates the page in the browser and
     rewrites the texts the server wrote."""
-    def relabel(locale, path, text, text_lang, gpt, sovits):
+    def page_texts(locale, gpt, sovits):  # need no engine module: back at once, even during a warm-up
         return (_notice(studio, settings, locale), handlers.missing_report(missing, version, locale),
-                notes["describe"](path, locale), handlers.language_note(text, text_lang, locale),
                 notes["pair"](gpt, sovits, locale))
+
+    def input_notes(locale, path, text, text_lang):  # read the clip, detect the text's language
+        return notes["describe"](path, locale), handlers.language_note(text, text_lang, locale)
 
     lang = page.ui_language
     lang.change(None, lang, None, js=i18n.SWITCH_JS, api_visibility="private")
-    lang.change(relabel, [lang, page.inputs["ref_audio"], page.inputs["text"], page.inputs["text_lang"], page.gpt,
-                          page.sovits],
-                [page.notice, page.missing, page.ref_info, page.text_note, page.pair], queue=False,
+    lang.change(page_texts, [lang, page.gpt, page.sovits], [page.notice, page.missing, page.pair], queue=False,
                 api_visibility="private")
+    lang.change(input_notes, [lang, page.inputs["ref_audio"], page.inputs["text"], page.inputs["text_lang"]],
+                [page.ref_info, page.text_note], queue=False, api_visibility="private")
     demo.load(None, None, lang, js=i18n.DETECT_JS)  # a browser language other than the default fires .change
 
 
@@ -354,6 +357,9 @@ def _super_sampler(v: dict, studio, catalog: ModelCatalog, store):
 
 def _notice(studio, settings: UISettings, locale: str) -> str:
     lines = [i18n.text("runs_on", locale, device=studio.runtime.device)]
+    if settings.device_fallback:
+        lines.append("> " + i18n.text("device_fallback", locale, requested=settings.device_fallback,
+                                      device=studio.runtime.device))
     if settings.notice:
         lines.append(f"> {settings.notice}")
     if settings.random_weights:

@@ -55,11 +55,11 @@ def run(args: argparse.Namespace) -> int:
         Path.cwd()))
     roots = tuple(str(d) for d in catalog.folders)
     studio = build_studio(config, args, weight_roots=roots)
-    notice = studio.device_notice[:1].upper() + studio.device_notice[1:]
     max_tokens = token_cap(config, args)
     server_settings = ServerSettings(weight_roots=roots, profiles_dir=voices_folder(args.profiles_dir),
                                      limits=limits_from_args(args, max_tokens_per_sentence=max_tokens))
-    ui = UISettings(max_tokens_per_sentence=max_tokens, notice=notice, random_weights=config.active.random_weights)
+    ui = UISettings(max_tokens_per_sentence=max_tokens, random_weights=config.active.random_weights,
+                    device_fallback=config.active.device if studio.device_notice else "")
     print("listing weight files...", file=sys.stderr)
     with own_file_folder():  # uploads, clips and example copies: no other instance can delete them
         app = create_webui_app(studio, config, ui, server_settings, auth, concurrency=args.workers,
