@@ -41,7 +41,7 @@ class UISettings:
     max_tokens_per_sentence: int | None = None  # server cap on early_stop_num; None: the model's own limit
     examples_file: Path = ASSETS / "examples.json"
     notice: str = ""  # shown under the title as it is (a deployment's own note)
-    device_fallback: str = ""  # the device the config asks for, which this machine lacks (said in the page's language)
+    device_fallback: str = ""  # the config's device, which this machine lacks (said in the page's language)
     default_text: str = "Hello! This voice was cloned from a few seconds of audio."
     random_weights: bool = False  # the model set is a random-weight test set: say so at the top
     request_timeout_s: float | None = None  # one synthesis, start to last chunk; then it stops (server limit)
@@ -133,8 +133,8 @@ def _model_pickers(page: Page, catalog: ModelCatalog, weights) -> None:
             # values are short names ("v2 · s2G2333k.pth"): no path leaves the server (catalog.resolve)
             page.gpt = gr.Dropdown(catalog.picker_choices("gpt"), value=catalog.key_for(weights.gpt, "gpt"), scale=4,
                                    label=_t("gpt"), info=_t("gpt.info"), allow_custom_value=True, elem_id="gpt")
-            page.sovits = gr.Dropdown(catalog.picker_choices("sovits"), value=catalog.key_for(weights.sovits, "sovits"),
-                                      scale=4,
+            page.sovits = gr.Dropdown(catalog.picker_choices("sovits"),
+                                      value=catalog.key_for(weights.sovits, "sovits"), scale=4,
                                       label=_t("sovits"), info=_t("sovits.info"), allow_custom_value=True,
                                       elem_id="sovits")
             page.rescan = gr.Button(_t("rescan"), size="sm", scale=1, min_width=120)
@@ -183,7 +183,8 @@ def _settings_panels(page: Page) -> None:
     with gr.Accordion(_t("advanced"), open=False, elem_id="advanced"):
         # the values in one row, the switches in the next; each wide enough for its label and help text
         # in every language (a row wraps what does not fit)
-        for widgets in ([c for c in advanced if c.widget != "checkbox"], [c for c in advanced if c.widget == "checkbox"]):
+        switches = [c for c in advanced if c.widget == "checkbox"]
+        for widgets in ([c for c in advanced if c not in switches], switches):
             with gr.Row(equal_height=False):
                 for c in widgets:
                     page.inputs[c.name] = _control(c)
@@ -223,8 +224,10 @@ def _wire_notes(page: Page, studio, catalog: ModelCatalog) -> dict:
     text_inputs = [page.inputs["text"], page.inputs["text_lang"], lang]
     for trigger in (page.inputs["text"].change, page.inputs["text_lang"].change):
         trigger(handlers.language_note, text_inputs, page.text_note, queue=False, api_visibility="private")
-    pair = lambda gpt, sovits, locale: handlers.pair_note(catalog, catalog.resolve(gpt), catalog.resolve(sovits),  # noqa: E731
-                                                          locale)
+
+    def pair(gpt, sovits, locale):
+        return handlers.pair_note(catalog, catalog.resolve(gpt), catalog.resolve(sovits), locale)
+
     for trigger in (page.gpt.change, page.sovits.change):
         trigger(pair, [page.gpt, page.sovits, lang], page.pair, queue=False, api_visibility="private")
     return {"describe": describe, "pair": pair}
@@ -267,7 +270,8 @@ def _generate_handler(names: list[str], studio, settings: UISettings, pool, wide
     async def generate(*args):
         *values, progress = args  # gradio passes the gr.Progress named in the signature last
         v = dict(zip(names, values))
-        v["gpt_weights"], v["sovits_weights"] = catalog.resolve(v["gpt_weights"]), catalog.resolve(v["sovits_weights"])
+        for key in ("gpt_weights", "sovits_weights"):  # the pickers hold short names
+            v[key] = catalog.resolve(v[key])
         locale = v["ui_language"]
         files = {str(v["ref_audio"] or ""): "ref", **{str(getattr(a, "name", a)): "aux" for a in v["aux_audio"] or ()},
                  str(v["gpt_weights"] or ""): "gpt", str(v["sovits_weights"] or ""): "sovits"}

@@ -50,7 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--text", required=True, help="text to read (or @FILE to read it from a file)")
     parser.add_argument("--text-lang", required=True, help="language of the text: zh, en, ja, ko, yue, auto, all_zh...")
     parser.add_argument("--ref", required=True, help="reference clip (3-10 s)")
-    parser.add_argument("--ref-text", default=None, help="transcript of the reference clip (required unless --ref-free)")
+    parser.add_argument("--ref-text", default=None,
+                        help="transcript of the reference clip (required unless --ref-free)")
     parser.add_argument("--ref-lang", default="", help="language of the transcript (required with --ref-text)")
     parser.add_argument("--ref-free", action="store_true",
                         help="no transcript: reference-free mode (v1/v2/v2Pro* only; less faithful to the voice)")
@@ -209,7 +210,8 @@ def _check_inputs(args: argparse.Namespace, text: str, config):
         raise OptionsError(f"the folder {folder} does not exist; create it first (mkdir -p {folder})", field="out")
     if not os.access(folder, os.W_OK):
         raise OptionsError(f"the folder {folder} is not writable", field="out")
-    for flag, path, kind in (("gpt", args.gpt, "GPT weights (.ckpt)"), ("sovits", args.sovits, "SoVITS weights (.pth)")):
+    weights = (("gpt", args.gpt, "GPT weights (.ckpt)"), ("sovits", args.sovits, "SoVITS weights (.pth)"))
+    for flag, path, kind in weights:
         if path and not Path(path).is_file():
             raise CheckpointError(f"{kind} {path} does not exist" if not Path(path).exists()
                                   else f"{kind} {path} is a folder; give the weight file", field=flag)

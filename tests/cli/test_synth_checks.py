@@ -147,8 +147,8 @@ def test_synth_prints_no_library_chatter(tmp_path) -> None:
 
     env = {k: v for k, v in os.environ.items() if k != "HF_HUB_DISABLE_PROGRESS_BARS"}
     env["PYTHONPATH"] = str(REPO)
-    argv = [sys.executable, "-m", "studio.cli", *args_for(tmp_path, **{"--text": "你好，世界。", "--text-lang": "zh"}),
-            "--early-stop-num", "5"]
+    chinese = {"--text": "你好，世界。", "--text-lang": "zh"}
+    argv = [sys.executable, "-m", "studio.cli", *args_for(tmp_path, **chinese), "--early-stop-num", "5"]
     quiet = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
     assert quiet.returncode == 0, quiet.stderr
     assert "wrote " in quiet.stdout
