@@ -1,11 +1,13 @@
 """First /tts after "ready" against the second: does the start-up warm-up take the loading off the first request?
 
-    PYTHONPATH=$PWD python benchmarks/warmup_first_request.py [--version v2] [--tokens 12] [--no-warmup]
+    PYTHONPATH=$PWD python benchmarks/warmup_first_request.py [--version v2] [--tokens 12] [--no-warmup] [--busy]
 
 Writes a tiny random model set (engine.testweights), starts `sovits-studio serve` on it as a user would,
 waits for /health to say "ready", then times three /tts requests: the first, the same request again, and one
 with another reference clip. The reference cache is off unless ``--reference-cache`` (otherwise the second
-request would skip the reference features, which says nothing about warm-up). Prints the times and ratios.
+request would skip the reference features, which says nothing about warm-up). ``--busy`` keeps another
+process loading every core (a matrix-multiply loop on all of them) while the server starts and serves, as on a
+shared machine. ``--repeat N`` runs the whole measurement N times. Prints the times and ratios.
 """
 
 from __future__ import annotations
@@ -44,7 +46,26 @@ def main() -> int:
     ap.add_argument("--no-warmup", action="store_true")
     ap.add_argument("--reference-cache", action="store_true",
                     help="keep the reference cache on (then the second request skips the reference features)")
+    ap.add_argument("--busy", action="store_true", help="another process keeps every core busy meanwhile")
+    ap.add_argument("--repeat", type=int, default=1, help="measure this many times (a fresh server each time)")
     args = ap.parse_args()
+    load = _busy_process() if args.busy else None
+    try:
+        return max(measure(args) for _ in range(args.repeat))
+    finally:
+        if load is not None:
+            load.terminate()
+            load.wait(10)
+
+
+def _busy_process() -> subprocess.Popen:
+    """A process whose matrix multiplications keep every core busy until it is stopped."""
+    code = ("import os, torch\ntorch.set_num_threads(os.cpu_count())\na = torch.randn(768, 768)\n"
+            "while True:\n    a = torch.tanh(a @ a)\n")
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def measure(args) -> int:
     from engine.testweights import make_test_weights
 
     root = Path(tempfile.mkdtemp(prefix="warmup-bench-"))
@@ -84,7 +105,8 @@ def main() -> int:
             return time.monotonic() - t0
 
         first, second, other = tts("ref0.wav"), tts("ref0.wav"), tts("ref1.wav")
-        print(f"{args.version} tiny, warm-up {'off' if args.no_warmup else 'on'}, reference cache "
+        print(f"{args.version} tiny, warm-up {'off' if args.no_warmup else 'on'}, {'busy' if args.busy else 'idle'} "
+              f"machine, reference cache "
               f"{'on' if args.reference_cache else 'off'}: ready after {ready:.2f} s; "
               f"first /tts {first:.3f} s, second (same request) {second:.3f} s, third (other reference) "
               f"{other:.3f} s; first/second = {first / second:.2f}, first/third = {first / other:.2f}")

@@ -65,6 +65,14 @@ def _describe(source: str | os.PathLike | BinaryIO) -> str:
     return str(source) if isinstance(source, (str, os.PathLike)) else "the uploaded audio"
 
 
+def _reason(error: Exception) -> str:
+    """Why the decoder refused a file, without its "Error opening <object repr>:" prefix."""
+    reason = getattr(error, "error_string", None) or str(error)  # soundfile's LibsndfileError has error_string
+    if reason.startswith("Error opening ") and ": " in reason:
+        reason = reason.split(": ", 1)[1]
+    return reason.strip().rstrip(".")
+
+
 def read_audio(
     source: str | os.PathLike | BinaryIO,
     max_seconds: float = DEFAULT_MAX_SECONDS,
@@ -108,7 +116,7 @@ def read_audio(
         raise
     except (sf.LibsndfileError, RuntimeError, TypeError, ValueError, OSError, EOFError) as e:
         raise ReferenceAudioError(
-            f"cannot read audio {what}: {e}. Use a wav, flac, ogg or mp3 file."
+            f"cannot read audio from {what}: {_reason(e)}. Use a wav, flac, ogg or mp3 file."
         ) from e
     if data.shape[0] == 0:
         raise ReferenceAudioError(f"audio {what} contains no samples (zero length)")

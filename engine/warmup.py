@@ -8,7 +8,8 @@ the second request on a CPU. :func:`warm_up` does that work before a server says
   file itself sets to other weights that exist), it runs one short synthesis through the normal
   ``Studio.synthesize`` path: a synthetic reference clip, a short sentence in the first language of
   ``WarmupSettings.languages``, a few semantic tokens;
-* it primes the text front end of the other languages;
+* it does the same in each other language of ``WarmupSettings.languages`` (reference and text in it), and
+  runs the language check the servers apply to every text;
 * on CUDA, the decode-step graph of every batch bucket of every scheduler is captured at the end
   (:meth:`engine.pipeline.Studio.capture_graphs`): a capture while requests run could be invalidated by
   their device work, so serving never captures one.
@@ -97,7 +98,8 @@ def warm_up(studio, weight_sets: Sequence | None = None, settings: WarmupSetting
             on_step: Callable[[str], None] | None = None) -> WarmupReport:
     """Load each weight set and synthesise once (see the module docstring). Errors are collected, not raised."""
     from engine.options import SynthesisOptions
-    from engine.pipeline import Reference
+    from engine.text.frontend import languages
+    from engine.text.language_check import check_text_language
 
     start = time.monotonic()
     sets = list(weight_sets) if weight_sets is not None else [studio.default_weights]
@@ -115,13 +117,13 @@ def warm_up(studio, weight_sets: Sequence | None = None, settings: WarmupSetting
                 on_step(f"warming up {label}")
             options = SynthesisOptions(seed=0, early_stop_num=settings.max_tokens, sample_steps=settings.sample_steps,
                                        fragment_interval=0.0)
-            reference = Reference(clip, REFERENCE_TEXT.get(first, REFERENCE_TEXT["en"]), first)
-            results = studio.synthesize(WARMUP_TEXT.get(first, WARMUP_TEXT["en"]), first, reference, options,
-                                        gpt=weights.gpt, sovits=weights.sovits)
-            for _ in results:
-                pass
-            for lang in others:  # dictionaries and models of the other front ends
-                cloner.frontend.phones_and_bert(WARMUP_TEXT.get(lang, WARMUP_TEXT["en"]), lang)
+            # one synthesis per warm-up language, each with a reference in that language: the first request
+            # finds every stage's code paths, kernels and buffers used once, whichever of them it speaks
+            for lang in (first, *others):
+                if lang != first and lang not in languages(version):
+                    continue
+                _synthesize_once(studio, weights, clip, lang, options)
+            check_text_language(WARMUP_TEXT.get(first, WARMUP_TEXT["en"]), first)  # the servers' language note
             done.append(version)
             log.info("warmed up %s", label)
         except Exception as e:  # a warm-up failure must not stop the server; requests report real errors
@@ -138,6 +140,16 @@ def warm_up(studio, weight_sets: Sequence | None = None, settings: WarmupSetting
             log.warning("capturing the decode-step graphs failed (%s: %s); those steps run eagerly",
                         type(e).__name__, e)
     return WarmupReport(tuple(done), round(time.monotonic() - start, 3), tuple(errors), graphs)
+
+
+def _synthesize_once(studio, weights, clip: bytes, lang: str, options) -> None:
+    from engine.pipeline import Reference
+
+    reference = Reference(clip, REFERENCE_TEXT.get(lang, REFERENCE_TEXT["en"]), lang)
+    results = studio.synthesize(WARMUP_TEXT.get(lang, WARMUP_TEXT["en"]), lang, reference, options,
+                                gpt=weights.gpt, sovits=weights.sovits)
+    for _ in results:
+        pass
 
 
 def warm_up_in_background(studio, readiness: Readiness, weight_sets: Sequence | None = None,

@@ -25,10 +25,12 @@ from engine.errors import EngineError
 from webui import form, handlers, i18n
 from webui.messages import user_message
 from webui.models_list import ModelCatalog
+from webui.progress import SynthesisProgress
 from webui.streaming_audio import streaming_audio
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 _t = I18nData  # _t("key"): a text the browser translates (webui/locale/*.json)
+TICK_S = 1.0  # while a synthesis runs, its progress line is rewritten at least this often
 
 
 @dataclass(frozen=True)
@@ -38,7 +40,8 @@ class UISettings:
     title: str = "SoVITS Studio"
     max_tokens_per_sentence: int | None = None  # server cap on early_stop_num; None: the model's own limit
     examples_file: Path = ASSETS / "examples.json"
-    notice: str = ""  # shown under the title (e.g. a device fallback)
+    notice: str = ""  # shown under the title as it is (a deployment's own note)
+    device_fallback: str = ""  # the config's device, which this machine lacks (said in the page's language)
     default_text: str = "Hello! This voice was cloned from a few seconds of audio."
     random_weights: bool = False  # the model set is a random-weight test set: say so at the top
     request_timeout_s: float | None = None  # one synthesis, start to last chunk; then it stops (server limit)
@@ -128,9 +131,11 @@ def _header(page: Page, settings: UISettings, notice: str) -> None:
 def _model_pickers(page: Page, catalog: ModelCatalog, weights) -> None:
     with gr.Group(elem_id="models"):
         with gr.Row(equal_height=True):
-            page.gpt = gr.Dropdown(catalog.choices("gpt"), value=str(Path(weights.gpt).resolve()), scale=4,
+            # values are short names ("v2 · s2G2333k.pth"): no path leaves the server (catalog.resolve)
+            page.gpt = gr.Dropdown(catalog.picker_choices("gpt"), value=catalog.key_for(weights.gpt, "gpt"), scale=4,
                                    label=_t("gpt"), info=_t("gpt.info"), allow_custom_value=True, elem_id="gpt")
-            page.sovits = gr.Dropdown(catalog.choices("sovits"), value=str(Path(weights.sovits).resolve()), scale=4,
+            page.sovits = gr.Dropdown(catalog.picker_choices("sovits"),
+                                      value=catalog.key_for(weights.sovits, "sovits"), scale=4,
                                       label=_t("sovits"), info=_t("sovits.info"), allow_custom_value=True,
                                       elem_id="sovits")
             page.rescan = gr.Button(_t("rescan"), size="sm", scale=1, min_width=120)
@@ -170,15 +175,20 @@ def _text_and_output(page: Page, settings: UISettings) -> None:
 
 
 def _settings_panels(page: Page, studio) -> None:
-    with gr.Accordion(_t("sampling"), open=True), gr.Row():
+    with gr.Accordion(_t("sampling"), open=True, elem_id="sampling"), gr.Row():
         for c in form.CONTROLS:
             if c.group == "sampling":
                 page.inputs[c.name] = _control(c)
         page.new_seed = gr.Button(_t("new_seed"), size="sm")
-    with gr.Accordion(_t("advanced"), open=False), gr.Row():
-        for c in form.CONTROLS:
-            if c.group == "advanced":
-                page.inputs[c.name] = _control(c)
+    advanced = [c for c in form.CONTROLS if c.group == "advanced"]
+    with gr.Accordion(_t("advanced"), open=False, elem_id="advanced"):
+        # the values in one row, the switches in the next; each wide enough for its label and help text
+        # in every language (a row wraps what does not fit)
+        switches = [c for c in advanced if c.widget == "checkbox"]
+        for widgets in ([c for c in advanced if c not in switches], switches):
+            with gr.Row(equal_height=False):
+                for c in widgets:
+                    page.inputs[c.name] = _control(c)
     with gr.Accordion(_t("engine_stages"), open=False):
         gr.Markdown(stage_table(studio), elem_id="engine-stages")
 
@@ -206,7 +216,7 @@ def _wire(demo: gr.Blocks, page: Page, studio, config, catalog: ModelCatalog, se
              *(c.name for c in form.CONTROLS), "ui_language"]
     widgets = {**page.inputs, "gpt_weights": page.gpt, "sovits_weights": page.sovits, "ui_language": page.ui_language}
     widen = lambda v: _super_sampler(v, studio, catalog, super_sampler)  # noqa: E731
-    generate = _generate_handler(names, studio, settings, pool, widen)
+    generate = _generate_handler(names, studio, settings, pool, widen, catalog)
     running = page.generate.click(generate, [widgets[n] for n in names], list(page.outputs), api_name="generate")
     page.stop.click(None, None, None, cancels=[running])
     page.new_seed.click(handlers.new_seed, None, page.inputs["seed"], api_name="new_seed", queue=False)
@@ -223,7 +233,10 @@ def _wire_notes(page: Page, studio, catalog: ModelCatalog) -> dict:
     text_inputs = [page.inputs["text"], page.inputs["text_lang"], lang]
     for trigger in (page.inputs["text"].change, page.inputs["text_lang"].change):
         trigger(handlers.language_note, text_inputs, page.text_note, queue=False, api_visibility="private")
-    pair = lambda gpt, sovits, locale: handlers.pair_note(catalog, gpt, sovits, locale)  # noqa: E731
+
+    def pair(gpt, sovits, locale):
+        return handlers.pair_note(catalog, catalog.resolve(gpt), catalog.resolve(sovits), locale)
+
     for trigger in (page.gpt.change, page.sovits.change):
         trigger(pair, [page.gpt, page.sovits, lang], page.pair, queue=False, api_visibility="private")
     return {"describe": describe, "pair": pair}
@@ -231,7 +244,7 @@ def _wire_notes(page: Page, studio, catalog: ModelCatalog) -> dict:
 
 def _wire_models(page: Page, config, catalog: ModelCatalog) -> None:
     def rescan():
-        return gr.update(choices=catalog.choices("gpt")), gr.update(choices=catalog.choices("sovits"))
+        return gr.update(choices=catalog.picker_choices("gpt")), gr.update(choices=catalog.picker_choices("sovits"))
 
     page.rescan.click(rescan, None, [page.gpt, page.sovits], api_name="rescan_models")
     if config is not None:
@@ -247,24 +260,28 @@ def _wire_language(demo: gr.Blocks, page: Page, notes: dict, studio, settings: U
                    version: str) -> None:
     """The switch starts at the browser's language; changing it re-translates the page in the browser and
     rewrites the texts the server wrote."""
-    def relabel(locale, path, text, text_lang, gpt, sovits):
+    def page_texts(locale, gpt, sovits):  # need no engine module: back at once, even during a warm-up
         return (_notice(studio, settings, locale), handlers.missing_report(missing, version, locale),
-                notes["describe"](path, locale), handlers.language_note(text, text_lang, locale),
                 notes["pair"](gpt, sovits, locale))
+
+    def input_notes(locale, path, text, text_lang):  # read the clip, detect the text's language
+        return notes["describe"](path, locale), handlers.language_note(text, text_lang, locale)
 
     lang = page.ui_language
     lang.change(None, lang, None, js=i18n.SWITCH_JS, api_visibility="private")
-    lang.change(relabel, [lang, page.inputs["ref_audio"], page.inputs["text"], page.inputs["text_lang"], page.gpt,
-                          page.sovits],
-                [page.notice, page.missing, page.ref_info, page.text_note, page.pair], queue=False,
+    lang.change(page_texts, [lang, page.gpt, page.sovits], [page.notice, page.missing, page.pair], queue=False,
                 api_visibility="private")
+    lang.change(input_notes, [lang, page.inputs["ref_audio"], page.inputs["text"], page.inputs["text_lang"]],
+                [page.ref_info, page.text_note], queue=False, api_visibility="private")
     demo.load(None, None, lang, js=i18n.DETECT_JS)  # a browser language other than the default fires .change
 
 
-def _generate_handler(names: list[str], studio, settings: UISettings, pool, widen):
+def _generate_handler(names: list[str], studio, settings: UISettings, pool, widen, catalog: ModelCatalog):
     async def generate(*args):
         *values, progress = args  # gradio passes the gr.Progress named in the signature last
         v = dict(zip(names, values))
+        for key in ("gpt_weights", "sovits_weights"):  # the pickers hold short names
+            v[key] = catalog.resolve(v[key])
         locale = v["ui_language"]
         files = {str(v["ref_audio"] or ""): "ref", **{str(getattr(a, "name", a)): "aux" for a in v["aux_audio"] or ()},
                  str(v["gpt_weights"] or ""): "gpt", str(v["sovits_weights"] or ""): "sovits"}
@@ -278,21 +295,28 @@ def _generate_handler(names: list[str], studio, settings: UISettings, pool, wide
             if note:
                 gr.Warning(note)
             event = contextvars.copy_context()  # gradio finds the request's progress bar through it
+            shown = SynthesisProgress()  # the page's own line: it stays up for the whole run
 
             def on_progress(done: int, total: int) -> None:  # called on the worker thread
-                event.run(progress, (done, total), unit="sentences")
+                shown.update(done, total)
+                event.run(progress, (done, total), unit="sentences")  # API clients read gradio's progress
 
+            yield gr.skip(), gr.skip(), shown.line(locale)
             chunks = await pool.stream(lambda: handlers.synthesize(
                 studio, v["text"], v["text_lang"], reference, options, v["gpt_weights"], v["sovits_weights"],
                 settings.max_tokens_per_sentence, on_progress, locale, sampler))
             async for chunk in _until(chunks, settings.request_timeout_s):  # computed on the API's pool
+                if chunk is None:  # a second without audio: the progress line's clock moves on
+                    yield gr.skip(), gr.skip(), shown.line(locale)
+                    continue
                 audio = (chunk.sample_rate, chunk.pcm16)
-                yield (None, audio, chunk.status) if chunk.final else (audio, gr.skip(), gr.skip())
+                yield (None, audio, chunk.status) if chunk.final else (audio, gr.skip(), shown.line(locale))
         except TimeoutError as e:
             raise gr.Error(i18n.text("error.timeout", locale, seconds=f"{settings.request_timeout_s:g}"),
                            print_exception=False) from e
         except EngineError as e:
-            raise gr.Error(user_message(e, locale, files), print_exception=False) from e
+            raise gr.Error(user_message(e, locale, files, weights_listed=catalog.listed_any),
+                           print_exception=False) from e
 
     generate.__signature__ = _named(names)  # API parameter names = field names
     return generate
@@ -301,25 +325,34 @@ def _generate_handler(names: list[str], studio, settings: UISettings, pool, wide
 # ---- helpers ------------------------------------------------------------------------------------------
 
 
-async def _until(stream, seconds: float | None):
+async def _until(stream, seconds: float | None, tick: float = TICK_S):
     """The items of ``stream`` (a ``ResultStream``) until ``seconds`` have passed; then the stream is
-    cancelled (its work stops at the next item) and TimeoutError is raised."""
+    cancelled (its work stops at the next item) and TimeoutError is raised. Every ``tick`` seconds
+    without an item, None is yielded (the caller refreshes its progress line)."""
     loop = asyncio.get_running_loop()
     deadline = None if seconds is None else loop.time() + seconds
     items = stream.__aiter__()
+    pending = None
     try:
         while True:
             remaining = None if deadline is None else deadline - loop.time()
             if remaining is not None and remaining <= 0:
                 raise TimeoutError
+            pending = pending or asyncio.ensure_future(items.__anext__())
+            done, _ = await asyncio.wait({pending}, timeout=tick if remaining is None else min(tick, remaining))
+            if not done:
+                yield None
+                continue
+            finished, pending = pending, None
             try:
-                item = await asyncio.wait_for(items.__anext__(), remaining)
+                item = finished.result()
             except StopAsyncIteration:
                 return
-            except asyncio.TimeoutError:  # not yet the builtin TimeoutError before Python 3.11
-                raise TimeoutError from None
             yield item
     finally:
+        if pending is not None:
+            pending.cancel()
+            await asyncio.gather(pending, return_exceptions=True)
         stream.cancel()
         await items.aclose()
 
@@ -327,7 +360,7 @@ async def _until(stream, seconds: float | None):
 def _super_sampler(v: dict, studio, catalog: ModelCatalog, store):
     """(the AP-BWE sampler, "") for a v3 request whose model is in place; else (None, why not)."""
     locale = v["ui_language"]
-    described = catalog.describe(v["sovits_weights"] or studio.default_weights.sovits)
+    described = catalog.describe(catalog.resolve(v["sovits_weights"]) or studio.default_weights.sovits)
     version = described.version if described is not None else "?"
     if version != "v3":
         return None, i18n.text("super_sampling.v3_only", locale, version=version)
@@ -338,6 +371,9 @@ def _super_sampler(v: dict, studio, catalog: ModelCatalog, store):
 
 def _notice(studio, settings: UISettings, locale: str) -> str:
     lines = [i18n.text("runs_on", locale, device=studio.runtime.device)]
+    if settings.device_fallback:
+        lines.append("> " + i18n.text("device_fallback", locale, requested=settings.device_fallback,
+                                      device=studio.runtime.device))
     if settings.notice:
         lines.append(f"> {settings.notice}")
     problem, command = getattr(studio, "g2pw_fix", ("", ""))
@@ -360,10 +396,11 @@ def _control(c: form.Control) -> gr.components.Component:
     if c.widget == "slider":
         return gr.Slider(c.minimum, c.maximum, value=value, step=c.step, label=label, info=info, min_width=300)
     if c.widget == "checkbox":
-        return gr.Checkbox(value=value, label=label, info=info)
+        return gr.Checkbox(value=value, label=label, info=info, min_width=260)
     if c.widget == "dropdown":
-        return gr.Dropdown(choices=list(c.choices), value=value, label=label, info=info)
-    return gr.Number(value=value, precision=0, minimum=c.minimum, maximum=c.maximum, label=label, info=info)
+        return gr.Dropdown(choices=list(c.choices), value=value, label=label, info=info, min_width=240)
+    return gr.Number(value=value, precision=0, minimum=c.minimum, maximum=c.maximum, label=label, info=info,
+                     min_width=240)
 
 
 def _example_rows(path: Path) -> list[list[str]]:

@@ -16,9 +16,11 @@ _AUX = re.compile(r"reference\.aux_audio\[(\d+)\]")
 _API = re.compile(r"\s*\(?ReferenceRules\([^)]*\)\)?")
 
 
-def user_message(error: EngineError, locale: str, files: dict[str, str] | None = None) -> str:
+def user_message(error: EngineError, locale: str, files: dict[str, str] | None = None,
+                 weights_listed: bool = True) -> str:
     """The message for ``error``; ``files`` maps each path of the request to its role
-    (``ref``, ``aux``, ``gpt``, ``sovits``), so a message names the file it is about."""
+    (``ref``, ``aux``, ``gpt``, ``sovits``), so a message names the file it is about. ``weights_listed``:
+    whether the model pickers list any file (a missing file's message points to the list only then)."""
     from engine.reference import ReferenceLengthError, SilentReferenceError
 
     files = files or {}
@@ -41,7 +43,8 @@ def user_message(error: EngineError, locale: str, files: dict[str, str] | None =
         return text("text.empty" if "empty" in message else "text.nothing", locale)
     if isinstance(error, CheckpointError):
         if "does not exist" in message:
-            return text("weights.not_found", locale, name=name or _quoted(message))
+            key = "weights.not_found" if weights_listed else "weights.not_found_none"
+            return text(key, locale, name=name or _quoted(message))
         if "GPT (.ckpt)" in message:  # the GPT loader refused the file (the pickers may hold one file twice)
             role = "gpt"
         elif any(m in message for m in ("SoVITS (.pth)", "SoVITS model", "SoVITS weights")):

@@ -93,6 +93,8 @@ class ModelCatalog:
         self.max_cached = max_cached
         self._cache: OrderedDict[tuple[str, int, int], ModelFile | None] = OrderedDict()
         self._lock = threading.Lock()
+        self._keys: dict[str, str] = {}  # a picker's value (a short name) -> the file's path, as last listed
+        self._listed: dict[str, bool] = {}  # "gpt"/"sovits": the last listing found at least one file
 
     @property
     def folders(self) -> tuple[Path, ...]:
@@ -120,6 +122,45 @@ class ModelCatalog:
             shown = f.path.name if names.count(f.path.name) == 1 else f"{f.path.parent.name}/{f.path.name}"
             labels.append((f"{f.tag} · {shown}", str(f.path)))
         return labels
+
+    def picker_choices(self, which: str) -> list[tuple[str, str]]:
+        """(label, value) pairs for a picker whose values are the short labels themselves: the page never
+        sees a path (:meth:`resolve` turns a value back into its file on the server)."""
+        pairs = self.choices(which)
+        with self._lock:
+            self._keys.update({label: path for label, path in pairs})
+            while len(self._keys) > 2 * MAX_FILES:  # bounded: the oldest names go first
+                self._keys.pop(next(iter(self._keys)))
+            self._listed[which] = bool(pairs)
+        return [(label, label) for label, _ in pairs]
+
+    def key_for(self, path: str | os.PathLike, which: str) -> str:
+        """The picker value that stands for ``path``: its label when listed, else its file name (which
+        :meth:`resolve` maps back to ``path``)."""
+        path = str(Path(path).resolve())
+        labels = {p: label for label, p in self.choices(which)}
+        key = labels.get(path, Path(path).name)
+        with self._lock:
+            self._keys[key] = path
+        return key
+
+    def resolve(self, value: str | None) -> str | None:
+        """The file a picker value stands for; a value that is no short name is returned as it is."""
+        if not value:
+            return value
+        with self._lock:
+            found = self._keys.get(value)
+        if found is None and " · " in value:  # listed since the last listing: list again
+            for which in ("gpt", "sovits"):
+                self.picker_choices(which)
+            with self._lock:
+                found = self._keys.get(value)
+        return found or value
+
+    @property
+    def listed_any(self) -> bool:
+        """Whether the last listing found any weight file (a page with empty pickers says so)."""
+        return any(self._listed.values())
 
     def describe(self, path: str | os.PathLike) -> ModelFile | None:
         """The file's kind and version (cached), or None when it is no weight file we know."""

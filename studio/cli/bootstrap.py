@@ -84,8 +84,50 @@ def add_server_arguments(parser: argparse.ArgumentParser, *, port: int, port_not
     parser.add_argument("-a", "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 for all)")
     parser.add_argument("-p", "--port", type=int, default=port, help=f"port (default {port}, {port_note})")
     add_limit_arguments(parser)
-    parser.add_argument("--profiles-dir", default="voices", help="saved voices for /v1/audio/speech (default ./voices)")
+    parser.add_argument("--profiles-dir", default=None,
+                        help="saved voices for /v1/audio/speech (default: voices/ in the user's data folder, "
+                             "e.g. ~/.local/share/sovits-studio/voices)")
     add_engine_limits(parser)
+
+
+def voices_folder(arg: str | None) -> str:
+    """``--profiles-dir``, else ``voices`` in the user's data folder (platformdirs: ~/.local/share/sovits-studio
+    on Linux, ~/Library/Application Support/sovits-studio on macOS, %LOCALAPPDATA%\\sovits-studio on Windows),
+    never the working folder."""
+    if arg:
+        return arg
+    from platformdirs import user_data_path
+
+    return str(user_data_path("sovits-studio", appauthor=False) / "voices")
+
+
+def add_verbose_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="also print the libraries' progress bars and messages (model loading, dictionaries)")
+
+
+def quiet_libraries(verbose: bool) -> None:
+    """Unless ``verbose``: no transformers / huggingface_hub progress bars ("Loading weights") and no jieba
+    dictionary messages ("Building prefix dict") in the command's output. Call before the engine loads."""
+    import logging
+    import os
+
+    if verbose:
+        return
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # read when transformers is imported
+    if "transformers" in sys.modules:  # already imported (a test, an embedding program): tell it directly
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    jieba = logging.getLogger("jieba")  # jieba logs its dictionary load at DEBUG, and sets that level on import
+    if _warnings_only not in jieba.filters:
+        jieba.addFilter(_warnings_only)
+
+
+def _warnings_only(record) -> bool:
+    import logging
+
+    return record.levelno >= logging.WARNING
 
 
 def add_knob_arguments(parser: argparse.ArgumentParser, *, warmup: bool = False) -> None:
@@ -130,7 +172,7 @@ def incomplete_weights_warning(config) -> str:
             f"still work.")
 
 
-def build_studio(config, args: argparse.Namespace, **settings):
+def build_studio(config, args: argparse.Namespace, reference_rules=None, **settings):
     """The engine for ``config`` with the command's ``--device``/``--precision``, the knobs (flags over the
     config's keys) and ``EngineSettings`` fields given here.
 
@@ -141,10 +183,11 @@ def build_studio(config, args: argparse.Namespace, **settings):
     """
     from engine.pipeline import Studio
 
+    extra = {"reference_rules": reference_rules} if reference_rules is not None else {}
     studio = Studio.from_config(config, device=getattr(args, "device", None),
                                 precision=getattr(args, "precision", None),
                                 settings=engine_settings(config, args, **settings),
-                                vocoder_backend=getattr(args, "vocoder_backend", None))
+                                vocoder_backend=getattr(args, "vocoder_backend", None), **extra)
     for notice in (studio.device_notice, *studio.config_notices):
         if notice:
             print(f"warning: {notice}", file=sys.stderr)

@@ -17,12 +17,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         add_device_arguments,
         add_knob_arguments,
         add_server_arguments,
+        add_verbose_argument,
     )
 
     add_config_argument(parser)
     add_device_arguments(parser)
     add_server_arguments(parser, port=9880, port_note="as api_v2.py")
     add_knob_arguments(parser, warmup=True)
+    add_verbose_argument(parser)
     parser.add_argument("--reference-dir", action="append", default=None, metavar="DIR",
                         help="folder that ref_audio_path may name files in (repeatable; default: the working folder)")
     parser.add_argument("--weights-dir", action="append", default=None, metavar="DIR",
@@ -47,8 +49,10 @@ def run(args: argparse.Namespace) -> int:
         build_studio,
         incomplete_weights_warning,
         load_engine_config,
+        quiet_libraries,
         start_warmup,
         token_cap,
+        voices_folder,
     )
     from studio.http.app import create_app
     from studio.http.auth import Access, check_keys, read_key_file
@@ -57,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
     from studio.http.limits import limits_from_args
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    quiet_libraries(args.verbose)
     config = load_engine_config(args.config, required=False)
     warning = incomplete_weights_warning(config)
     if warning:
@@ -69,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     settings = ServerSettings(
         reference_roots=tuple(args.reference_dir or [os.getcwd()]),
         weight_roots=tuple(weight_dirs),
-        profiles_dir=args.profiles_dir,
+        profiles_dir=voices_folder(args.profiles_dir),
         voice_uploads=not args.no_voice_uploads,
         limits=limits_from_args(args, max_tokens_per_sentence=token_cap(config, args)),
         access=Access(api_keys=check_keys(keys)),

@@ -7,10 +7,12 @@ Every sampling/mode option of :class:`engine.options.SynthesisOptions` is a flag
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from dataclasses import fields
 
 _HIDDEN = {"streaming_mode"}  # exposed as --stream
+FIT_MODES = ("error", "trim_pad")  # engine.reference.FIT_MODES (not imported here: -h stays fast)
 
 
 def _option_fields():
@@ -20,7 +22,8 @@ def _option_fields():
 
 
 _FLAGS = {"text": "--text", "text_lang": "--text-lang", "reference.audio": "--ref", "reference.text": "--ref-text",
-          "reference.language": "--ref-lang"}
+          "reference.language": "--ref-lang", "out": "--out", "gpt": "--gpt", "sovits": "--sovits",
+          "config": "--config"}
 
 
 def flag_for(field: str) -> str | None:
@@ -47,16 +50,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--text", required=True, help="text to read (or @FILE to read it from a file)")
     parser.add_argument("--text-lang", required=True, help="language of the text: zh, en, ja, ko, yue, auto, all_zh...")
     parser.add_argument("--ref", required=True, help="reference clip (3-10 s)")
-    parser.add_argument("--ref-text", default="",
-                        help="transcript of the reference clip (empty: reference-free, v1/v2 only)")
-    parser.add_argument("--ref-lang", default="", help="language of the transcript")
+    parser.add_argument("--ref-text", default=None,
+                        help="transcript of the reference clip (required unless --ref-free)")
+    parser.add_argument("--ref-lang", default="", help="language of the transcript (required with --ref-text)")
+    parser.add_argument("--ref-free", action="store_true",
+                        help="no transcript: reference-free mode (v1/v2/v2Pro* only; less faithful to the voice)")
+    parser.add_argument("--ref-fit", default="error", choices=FIT_MODES,
+                        help="a reference outside 3-10 s: error (official), or trim_pad (cut to 10 s / pad to 3 s)")
     parser.add_argument("--aux-ref", action="append", default=[], help="extra reference clip (repeatable)")
     parser.add_argument("--out", required=True, help="output wav file")
-    from studio.cli.bootstrap import add_config_argument, add_device_arguments, add_knob_arguments
+    from studio.cli.bootstrap import (
+        add_config_argument,
+        add_device_arguments,
+        add_knob_arguments,
+        add_verbose_argument,
+    )
 
     add_config_argument(parser)
     add_device_arguments(parser)
     add_knob_arguments(parser)
+    add_verbose_argument(parser)
     parser.add_argument("--gpt", default=None, help="GPT weights (.ckpt); default: from the config")
     parser.add_argument("--sovits", default=None, help="SoVITS weights (.pth); default: from the config")
     parser.add_argument("--t2s-decoder", default="auto", choices=("auto", "fast", "reference", "int8"),
@@ -117,24 +130,19 @@ def run(args: argparse.Namespace) -> int:
     import soundfile as sf
 
     from engine.audio_formats import to_pcm16
-    from engine.errors import TextError
     from engine.pipeline import Reference
+    from studio.cli.bootstrap import build_studio, load_engine_config, quiet_libraries, token_cap
 
-    text = args.text
-    if text.startswith("@"):
-        try:
-            with open(text[1:], encoding="utf-8") as fh:
-                text = fh.read()
-        except OSError as e:
-            raise TextError(f"--text {text}: cannot read the file ({e.strerror})") from e
+    quiet_libraries(args.verbose)
+    # every input is checked here, before a model loads: a typo costs a second, not a model load
+    text = _read_text(args.text)
     options = _options(args)
-    from studio.cli.bootstrap import build_studio, load_engine_config, token_cap
-
     config = load_engine_config(args.config, required=True)
+    rules = _check_inputs(args, text, config)
     if options.early_stop_num is None and (cap := token_cap(config, args)):
         options = options.replace(early_stop_num=cap)  # the config's cap (test weight sets carry one)
-    studio = build_studio(config, args, t2s_decoder=args.t2s_decoder)
-    reference = Reference(args.ref, args.ref_text, args.ref_lang, tuple(args.aux_ref))
+    studio = build_studio(config, args, t2s_decoder=args.t2s_decoder, reference_rules=rules)
+    reference = Reference(args.ref, "" if args.ref_free else args.ref_text, args.ref_lang, tuple(args.aux_ref))
     cloner = studio.cloner(gpt=args.gpt, sovits=args.sovits)
     progress = _Progress(not args.no_progress)
     sampler = _super_sampler(studio, cloner, options)
@@ -165,6 +173,87 @@ def run(args: argparse.Namespace) -> int:
             writer.close()
     print(f"wrote {args.out}: {seconds:.2f} s at {rate} Hz ({chunks} chunk{'s' * (chunks != 1)}, seed {seed})")
     return 0
+
+
+def _read_text(value: str) -> str:
+    """``--text``, or the file that ``--text @FILE`` names."""
+    from engine.errors import TextError
+
+    if not value.startswith("@"):
+        return value
+    try:
+        with open(value[1:], encoding="utf-8") as fh:
+            return fh.read()
+    except OSError as e:
+        raise TextError(f"cannot read the file {value[1:]} ({e.strerror})", field="text") from e
+    except UnicodeDecodeError as e:
+        raise TextError(f"the file {value[1:]} is not UTF-8 text", field="text") from e
+
+
+def _check_inputs(args: argparse.Namespace, text: str, config):
+    """Check the flags that name files, languages and the transcript; the reference rules they ask for.
+
+    Raises engine errors whose ``field`` :func:`flag_for` maps to the flag to fix."""
+    from pathlib import Path
+
+    from engine.errors import CheckpointError, OptionsError, ReferenceAudioError, TextError, UnsupportedLanguageError
+    from engine.reference import ReferenceRules, read_reference
+    from engine.text.frontend import languages
+
+    if not text.strip():
+        raise TextError("text is empty: give something to read", field="text")
+    out = Path(args.out)
+    if out.is_dir():
+        raise OptionsError(f"{out} is a folder; give the wav file to write, e.g. {out / 'out.wav'}", field="out")
+    folder = out.parent if str(out.parent) else Path(".")
+    if not folder.is_dir():
+        raise OptionsError(f"the folder {folder} does not exist; create it first (mkdir -p {folder})", field="out")
+    if not os.access(folder, os.W_OK):
+        raise OptionsError(f"the folder {folder} is not writable", field="out")
+    weights = (("gpt", args.gpt, "GPT weights (.ckpt)"), ("sovits", args.sovits, "SoVITS weights (.pth)"))
+    for flag, path, kind in weights:
+        if path and not Path(path).is_file():
+            raise CheckpointError(f"{kind} {path} does not exist" if not Path(path).exists()
+                                  else f"{kind} {path} is a folder; give the weight file", field=flag)
+    # the configured version's languages; other weights (--gpt/--sovits) are checked again once loaded
+    valid = languages(config.active.version if not (args.gpt or args.sovits) else "v2")
+    if args.ref_free and args.ref_text:
+        raise OptionsError("--ref-free reads no transcript: drop --ref-text, or drop --ref-free",
+                           field="reference.text")
+    if not args.ref_free and not (args.ref_text or "").strip():
+        raise OptionsError("the reference clip's transcript is missing: give --ref-text \"what the clip says\" "
+                           "and --ref-lang, or --ref-free for reference-free mode (v1/v2/v2Pro* only)",
+                           field="reference.text")
+    checks = [("text_lang", args.text_lang)]
+    if not args.ref_free:
+        if not args.ref_lang:
+            raise UnsupportedLanguageError(f"the transcript's language is missing; use one of {', '.join(valid)}",
+                                           field="reference.language")
+        checks.append(("reference.language", args.ref_lang))
+    for field, code in checks:
+        if code not in valid:
+            raise UnsupportedLanguageError(f"language {code!r} is not supported; use one of {', '.join(valid)}",
+                                           field=field)
+    rules = ReferenceRules(fit=args.ref_fit)
+    for i, path in enumerate((args.ref, *args.aux_ref)):
+        field = "reference.audio" if i == 0 else f"reference.aux_audio[{i - 1}]"
+        try:
+            read_reference(path, rules)
+        except ReferenceAudioError as e:
+            raise ReferenceAudioError(_cli_reference_message(e, path), field=field) from e
+    return rules
+
+
+def _cli_reference_message(error, path: str) -> str:
+    """The engine's reference error, with the CLI's fix for a clip of the wrong length."""
+    from engine.reference import ReferenceLengthError
+
+    if isinstance(error, ReferenceLengthError):
+        side = "too long" if error.seconds > error.max_seconds else "too short"
+        return (f"{path} is {error.seconds:.2f} s long ({side}); references must be {error.min_seconds:g}-"
+                f"{error.max_seconds:g} s. Pick another clip, or add --ref-fit trim_pad to cut it to "
+                f"{error.max_seconds:g} s / pad it to {error.min_seconds:g} s")
+    return str(error)
 
 
 def _super_sampler(studio, cloner, options):

@@ -15,12 +15,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         add_device_arguments,
         add_knob_arguments,
         add_server_arguments,
+        add_verbose_argument,
     )
 
     add_config_argument(parser)
     add_device_arguments(parser)
     add_server_arguments(parser, port=9872, port_note="as the official TTS page")
     add_knob_arguments(parser, warmup=True)
+    add_verbose_argument(parser)
     parser.add_argument("--share", action="store_true", help="also open a public Gradio share link (72 h)")
     parser.add_argument("--auth", default=None, metavar="USER:PASS|FILE",
                         help="require a login: USER:PASS, or a file with one USER:PASS per line")
@@ -30,14 +32,22 @@ def run(args: argparse.Namespace) -> int:
     import logging
 
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-    from studio.cli.bootstrap import build_studio, load_engine_config, start_warmup, token_cap
+    from studio.cli.bootstrap import (
+        build_studio,
+        load_engine_config,
+        quiet_libraries,
+        start_warmup,
+        token_cap,
+        voices_folder,
+    )
     from studio.http.context import ServerSettings
     from studio.http.limits import limits_from_args
     from webui.app import UISettings
     from webui.models_list import ModelCatalog
-    from webui.server import create_webui_app, parse_auth
+    from webui.server import create_webui_app, own_file_folder, parse_auth
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    quiet_libraries(args.verbose)
     auth = parse_auth(args.auth) if args.auth else None
     config = load_engine_config(args.config, required=True)
     catalog = ModelCatalog(config.base_dir, extra_dirs=(  # the config's folder tree, the working folder
@@ -45,16 +55,17 @@ def run(args: argparse.Namespace) -> int:
         Path.cwd()))
     roots = tuple(str(d) for d in catalog.folders)
     studio = build_studio(config, args, weight_roots=roots)
-    notice = studio.device_notice[:1].upper() + studio.device_notice[1:]
     max_tokens = token_cap(config, args)
-    server_settings = ServerSettings(weight_roots=roots, profiles_dir=args.profiles_dir,
+    server_settings = ServerSettings(weight_roots=roots, profiles_dir=voices_folder(args.profiles_dir),
                                      limits=limits_from_args(args, max_tokens_per_sentence=max_tokens))
-    ui = UISettings(max_tokens_per_sentence=max_tokens, notice=notice, random_weights=config.active.random_weights)
+    ui = UISettings(max_tokens_per_sentence=max_tokens, random_weights=config.active.random_weights,
+                    device_fallback=config.active.device if studio.device_notice else "")
     print("listing weight files...", file=sys.stderr)
-    app = create_webui_app(studio, config, ui, server_settings, auth, concurrency=args.workers,
-                           max_queue=args.max_queue, catalog=catalog)
-    start_warmup(studio, config, args, app)
-    return _run(app, args.host, args.port, share=args.share, protected=bool(auth))
+    with own_file_folder():  # uploads, clips and example copies: no other instance can delete them
+        app = create_webui_app(studio, config, ui, server_settings, auth, concurrency=args.workers,
+                               max_queue=args.max_queue, catalog=catalog)
+        start_warmup(studio, config, args, app)
+        return _run(app, args.host, args.port, share=args.share, protected=bool(auth))
 
 
 def _run(app, host: str, port: int, share: bool, protected: bool) -> int:

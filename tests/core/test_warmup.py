@@ -77,3 +77,22 @@ def test_configured_sets_are_the_active_one_and_other_sections_of_the_file(tmp_p
     # the official file: its version sections are the built-in defaults, so only the active set counts
     shipped = parse_config({"custom": doc["custom"]}, base_dir=tmp_path)
     assert len(configured_weight_sets(shipped, WeightSet.from_config(shipped))) == 1
+
+
+def test_warm_up_synthesises_in_each_warm_up_language_and_runs_the_language_check(monkeypatch) -> None:
+    import engine.text.language_check as language_check
+
+    config = load_config(model_config("v2"))
+    studio = _studio(config)
+    spoken, checked = [], []
+    synthesize = studio.synthesize
+
+    def record(text, lang, reference, *args, **kwargs):
+        spoken.append((lang, reference.language))
+        return synthesize(text, lang, reference, *args, **kwargs)
+
+    monkeypatch.setattr(studio, "synthesize", record)
+    check = language_check.check_text_language
+    monkeypatch.setattr(language_check, "check_text_language", lambda *a, **k: checked.append(a) or check(*a, **k))
+    report = warm_up(studio, None, WarmupSettings(languages=("zh", "en"), max_tokens=4))
+    assert report.errors == () and spoken == [("zh", "zh"), ("en", "en")] and checked
