@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
+from starlette.concurrency import run_in_threadpool
 
 from engine.audio_formats import API_V2_MEDIA_TYPES, check_media_type
 from engine.errors import EngineError, OptionsError
@@ -188,7 +189,8 @@ async def tts(ctx: "ServerContext", request: Request):
     ex = admit(ctx, request)
     ex.names = NAMES
     req, ref_upload, aux_uploads = await read_request(ctx, request)
-    return await respond(ctx, request, ex, build_job(ctx, req, ref_upload, aux_uploads), "/tts")
+    job = await run_in_threadpool(build_job, ctx, req, ref_upload, aux_uploads)  # file system checks: off the loop
+    return await respond(ctx, request, ex, job, "/tts")
 
 
 async def set_weights(ctx: "ServerContext", kind: str, request: Request):
@@ -197,7 +199,7 @@ async def set_weights(ctx: "ServerContext", kind: str, request: Request):
     if weights_path in (None, ""):
         return _answer(request, 400, f"{kind} weight path is required")
     try:
-        path = ctx.weight_path(weights_path, "weights_path")
+        path = await run_in_threadpool(ctx.weight_path, weights_path, "weights_path")
         args = {"gpt": path} if kind == "gpt" else {"sovits": path}
         await ctx.runner.run(lambda: ctx.studio.set_default_weights(**args))
     except EngineError as e:
@@ -212,7 +214,8 @@ async def set_refer_audio(ctx: "ServerContext", request: Request):
     from engine.reference import read_reference
 
     try:
-        path = ctx.reference_path(request.query_params.get("refer_audio_path"), "refer_audio_path")
+        path = await run_in_threadpool(ctx.reference_path, request.query_params.get("refer_audio_path"),
+                                       "refer_audio_path")
         await ctx.runner.run(read_reference, path, ctx.studio.reference_rules)
     except EngineError as e:
         if status_for(e) != 400:
