@@ -261,9 +261,11 @@ async def control(ctx: "ServerContext", request: Request):
 def router(ctx: "ServerContext") -> APIRouter:
     """The api_v2 routes over ``ctx``."""
     r = APIRouter()
-    routes = (("/tts", ("GET", "POST"), tts, ()), ("/set_gpt_weights", ("GET",), set_weights, ("gpt",)),
-              ("/set_sovits_weights", ("GET",), set_weights, ("sovits",)),
-              ("/set_refer_audio", ("GET",), set_refer_audio, ()), ("/control", ("GET", "POST"), control, ()))
+    # the official routes that change state are GETs; POST (same query) is the form to prefer, and without
+    # an API key the guard refuses both from web pages (studio.http.origins)
+    routes = (("/tts", ("GET", "POST"), tts, ()), ("/set_gpt_weights", ("GET", "POST"), set_weights, ("gpt",)),
+              ("/set_sovits_weights", ("GET", "POST"), set_weights, ("sovits",)),
+              ("/set_refer_audio", ("GET", "POST"), set_refer_audio, ()), ("/control", ("GET", "POST"), control, ()))
     for path, methods, fn, args in routes:
         for method in methods:
             r.add_api_route(path, bind(ctx, fn, *args, name=f"{path.strip('/')}_{method.lower()}"), methods=[method])

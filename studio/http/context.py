@@ -35,6 +35,8 @@ class ServerSettings:
     limits: ServerLimits = ServerLimits()  # every bound: sizes, queue, time, audio, shutdown grace
     access: Access = Access()  # API keys or Basic logins every route needs; none: open
     allow_control: bool = False  # /control without an API key (with keys it is always on)
+    allowed_hosts: tuple[str, ...] = ()  # host names served without an API key besides IP literals and
+    # localhost (studio.http.origins: the DNS-rebinding and cross-site check)
 
     def __post_init__(self) -> None:
         if not isinstance(self.limits, ServerLimits):

@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 from studio.http.errors import endpoint_label, error_json, local_path
+from studio.http.origins import origin_refusal
 from studio.http.exchange import (
     CANCELLED,
     COMPLETED,
@@ -109,6 +110,11 @@ class Guard:
         if refused is not None:
             await self._reject(send_, ex, scope, *refused, [(b"connection", b"close")])
             return
+        if not self.ctx.access.api_keys:  # no key: only this machine's names, never a page on another site
+            why = origin_refusal(headers, self.ctx.settings.allowed_hosts)
+            if why is not None:
+                await self._reject(send_, ex, scope, 403, why)
+                return
         if self.ctx.access.required and self._protected(scope) and not self.ctx.access.allows(headers):
             await self._reject(send_, ex, scope, 401, "authentication required: " + self._how(),
                                [(b"www-authenticate", self.ctx.access.challenge.encode())])

@@ -92,6 +92,7 @@ class HeaderTimeoutProtocol(H11Protocol):
         for conn in idle[:len(self.connections) - limit + 1]:
             conn._idle = False
             conn.transport.close()
+            self.connections.discard(conn)  # gone now for uvicorn's count (its connection_lost discards again)
 
     def _waiting_for_headers(self) -> bool:
         return self.cycle is None or self.cycle.response_complete
