@@ -136,6 +136,16 @@ class HeaderTimeoutProtocol(H11Protocol):
             self.clients.pop(self._peer, None)
         super().connection_lost(exc)
 
+    def shutdown(self) -> None:
+        """uvicorn's graceful shutdown; a connection in the middle of sending a request head gets a 503 instead
+        of a bare close (one that sent nothing has nothing to answer; a request under way finishes)."""
+        if self._waiting_for_headers() and not self._idle and not self.transport.is_closing():
+            body = b'{"message": "the server is shutting down; retry on another server or later"}'
+            self.transport.write(_BUSY % (len(body), body))
+            self.transport.close()
+            return
+        super().shutdown()
+
     def _expired(self) -> None:
         self._header_timer = None
         if self._waiting_for_headers() and not self.transport.is_closing():

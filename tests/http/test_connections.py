@@ -137,3 +137,24 @@ def test_one_client_address_has_a_connection_limit(tmp_path, refs) -> None:
             for s in held:
                 s.close()
         assert wait_for(lambda: httpx.get(f"{url}/health").status_code == 200, 5)
+
+
+def test_a_connection_sending_its_head_at_shutdown_gets_a_503_not_a_bare_close(tmp_path, refs) -> None:
+    studio = ScriptedStudio(tmp_path, pieces=20, delay=0.1)
+    app = make_app(studio, refs, shutdown_grace_s=5, header_timeout_s=30)
+    with serving(app) as (url, server):
+        port = int(url.rsplit(":", 1)[1])
+        half = socket.create_connection(("127.0.0.1", port), timeout=10)
+        half.sendall(b"GET /health HTTP/1.1\r\nHo")
+        running = socket.create_connection(("127.0.0.1", port), timeout=20)
+        body = json.dumps(tts_body()).encode()
+        running.sendall(b"POST /tts HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                        b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        assert studio.started.wait(5)
+        server.request_exit()
+        try:
+            assert half.recv(4096).startswith(b"HTTP/1.1 503")
+            assert read_answer(running).startswith(b"HTTP/1.1 200")  # the running request finishes
+        finally:
+            half.close()
+            running.close()
