@@ -229,7 +229,10 @@ def _wire_models(page: Page, config, catalog: ModelCatalog) -> None:
 
     page.rescan.click(rescan, None, [page.gpt, page.sovits], api_name="rescan_models")
     if config is not None:
-        def download(locale):
+        def download(locale, request: gr.Request):
+            if not handlers.may_administer(getattr(request, "username", None), request.client.host
+                                           if request.client else None):
+                return handlers.ADMIN_ONLY
             return handlers.download_weights(config.base_dir, config.active.version, locale=locale)
 
         page.download.click(download, page.ui_language, page.download_log, api_name="download_weights",

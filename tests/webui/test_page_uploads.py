@@ -83,3 +83,12 @@ def test_is_uploaded_checks_the_folder_the_kind_and_the_length(tmp_path) -> None
     assert not is_uploaded(str(root) + "/" + "x" * MAX_PATH_CHARS, roots)
     assert not is_uploaded(str(clip) + "\ud800", roots)
     assert not is_uploaded(None, roots)
+
+
+def test_admin_actions_need_a_login_or_this_machine() -> None:
+    from webui.handlers import may_administer
+
+    assert may_administer(None, "127.0.0.1") and may_administer(None, "::1")
+    assert may_administer("alice", "203.0.113.7")
+    assert not may_administer(None, "203.0.113.7") and not may_administer(None, None)
+    assert not may_administer(None, "testclient")
