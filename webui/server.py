@@ -52,5 +52,13 @@ def create_webui_app(studio, config=None, ui_settings=None, server_settings=None
     # gradio's queue holds the running requests too (its max_size 0 would refuse every one): the pool's
     # workers plus its queue; the pool itself answers "busy" when the HTTP API has taken the room
     demo.queue(default_concurrency_limit=workers, max_size=workers + waiting)
-    return gr.mount_gradio_app(app, demo, path="/", auth=auth or None, max_file_size=upload,
-                               allowed_paths=[str(ASSETS)], show_error=True, theme=page_theme(), i18n=page_i18n())
+    app = gr.mount_gradio_app(app, demo, path="/", auth=auth or None, max_file_size=upload,
+                              allowed_paths=[str(ASSETS)], show_error=True, theme=page_theme(), i18n=page_i18n())
+    if auth:  # Gradio's heartbeat stream skips its login: the page's login covers it here
+        from starlette.routing import Mount
+
+        from webui.login_gate import PageLoginGate
+
+        page = next(r.app for r in app.routes if isinstance(r, Mount) and r.path in ("", "/"))
+        app.add_middleware(PageLoginGate, page=page)
+    return app

@@ -92,3 +92,31 @@ def test_admin_actions_need_a_login_or_this_machine() -> None:
     assert may_administer("alice", "203.0.113.7")
     assert not may_administer(None, "203.0.113.7") and not may_administer(None, None)
     assert not may_administer(None, "testclient")
+
+
+def test_the_heartbeat_stream_needs_the_page_login() -> None:
+    import asyncio
+    from types import SimpleNamespace
+
+    from webui.login_gate import PageLoginGate
+
+    seen = []
+
+    async def inner(scope, receive, send):
+        seen.append(scope["path"])
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    gate = PageLoginGate(inner, SimpleNamespace(cookie_id="abc", tokens={"t0k": "alice"}))
+
+    async def status(path: str, cookie: str | None = None) -> int:
+        transport = httpx.ASGITransport(app=gate)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c:
+            return (await c.get(path, headers={"cookie": cookie} if cookie else {})).status_code
+
+    assert asyncio.run(status("/gradio_api/heartbeat/s1")) == 401
+    assert asyncio.run(status("/gradio_api/heartbeat/s1", "access-token-abc=wrong")) == 401
+    assert asyncio.run(status("/gradio_api/heartbeat/s1", "access-token-abc=t0k")) == 200
+    assert asyncio.run(status("/gradio_api/heartbeat/s1", "access-token-unsecure-abc=t0k")) == 200
+    assert asyncio.run(status("/gradio_api/info")) == 200  # Gradio's own login covers the rest
+    assert seen == ["/gradio_api/heartbeat/s1", "/gradio_api/heartbeat/s1", "/gradio_api/info"]
