@@ -226,12 +226,13 @@ async def set_refer_audio(ctx: "ServerContext", request: Request):
 
 def _answer(request: Request, status: int, message: str, error: EngineError | None = None) -> JSONResponse:
     """An official-shape answer: ``{"message"}``, with the error (in the client's words) as ``Exception``."""
-    from studio.http.errors import client_message
+    from studio.http.errors import client_message, server_folders
 
     ex = exchange(request)
     body: dict[str, Any] = {"message": message, "request_id": ex.id}
     if error is not None:
-        body["Exception"] = client_message(error, {"reference.audio": "refer_audio_path"}, ex.id)[0]
+        body["Exception"] = client_message(error, {"reference.audio": "refer_audio_path"}, ex.id,
+                                           server_folders(request))[0]
     return JSONResponse(body, status_code=status)
 
 

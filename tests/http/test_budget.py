@@ -168,3 +168,15 @@ def test_a_normal_request_is_served_after_all_of_it(server) -> None:
     url, _ = server
     answer = tts(url, text="Hello there, 12 apples.")
     assert answer.status_code == 200 and answer.content[:4] == b"RIFF"
+
+
+def test_error_messages_name_no_server_folder(server, tmp_path) -> None:
+    import numpy as np
+    import soundfile as sf
+
+    url, refs = server
+    sf.write(refs / "many.wav", np.zeros((16000, 12), np.float32), 16000)  # 12 channels: refused by its header
+    for answer in (tts(url, ref_audio_path="many.wav"), tts(url, ref_audio_path=str(refs / "many.wav")),
+                   httpx.get(f"{url}/set_refer_audio", params={"refer_audio_path": "many.wav"}, timeout=30)):
+        assert answer.status_code == 400 and "12 channels" in answer.text, answer.text
+        assert str(refs) not in answer.text and str(Path.cwd()) not in answer.text, answer.text
