@@ -54,6 +54,9 @@ def create_webui_app(studio, config=None, ui_settings=None, server_settings=None
     demo.queue(default_concurrency_limit=workers, max_size=workers + waiting)
     app = gr.mount_gradio_app(app, demo, path="/", auth=auth or None, max_file_size=upload,
                               allowed_paths=[str(ASSETS)], show_error=True, theme=page_theme(), i18n=page_i18n())
+    from webui.upload_quota import MAX_BYTES_PER_UPLOAD_LIMIT, UploadQuota
+
+    app.add_middleware(UploadQuota, folder=demo.GRADIO_CACHE, max_bytes=MAX_BYTES_PER_UPLOAD_LIMIT * upload)
     if auth:  # Gradio's heartbeat stream skips its login: the page's login covers it here
         from starlette.routing import Mount
 

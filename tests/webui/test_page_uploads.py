@@ -120,3 +120,27 @@ def test_the_heartbeat_stream_needs_the_page_login() -> None:
     assert asyncio.run(status("/gradio_api/heartbeat/s1", "access-token-unsecure-abc=t0k")) == 200
     assert asyncio.run(status("/gradio_api/info")) == 200  # Gradio's own login covers the rest
     assert seen == ["/gradio_api/heartbeat/s1", "/gradio_api/heartbeat/s1", "/gradio_api/info"]
+
+
+def test_uploads_are_refused_while_the_folder_is_full(tmp_path) -> None:
+    import asyncio
+
+    from webui.upload_quota import UploadQuota, folder_usage
+
+    async def inner(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    folder = tmp_path / "uploads"
+    (folder / "a").mkdir(parents=True)
+    for i in range(3):
+        (folder / "a" / f"{i}.wav").write_bytes(b"x" * 100)
+    assert folder_usage(str(folder), 10) == (3, 300)
+
+    async def upload(gate) -> int:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=gate), base_url="http://127.0.0.1") as c:
+            return (await c.post("/gradio_api/upload", files={"files": ("x.wav", b"RIFF")})).status_code
+
+    assert asyncio.run(upload(UploadQuota(inner, str(folder), max_files=4, max_bytes=1000))) == 200
+    assert asyncio.run(upload(UploadQuota(inner, str(folder), max_files=3, max_bytes=1000))) == 507
+    assert asyncio.run(upload(UploadQuota(inner, str(folder), max_files=10, max_bytes=300))) == 507
