@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile as sf
+import torch
 
 from engine.audio import MAX_CHANNELS, audio_format, read_audio, resample_sinc, sinc_kernel_size
 from engine.errors import ReferenceAudioError
@@ -77,7 +78,9 @@ base, out = peak_mb(), {}
 for name, path in json.loads(sys.argv[1]).items():
     start = time.perf_counter()
     try:
-        clip = read_reference(path, ReferenceRules(fit="trim_pad", silence_dbfs=-200.0, min_active_seconds=0.001, max_clipped_fraction=1.0))
+        rules = ReferenceRules(fit="trim_pad", silence_dbfs=-200.0, min_active_seconds=0.001,
+                               max_clipped_fraction=1.0)
+        clip = read_reference(path, rules)
         a32 = reference_audio_32k(clip)
         reference_wav16k(clip)
         resample_sinc(a32, 32000, 16000)
@@ -108,11 +111,10 @@ def test_hostile_clips_stay_within_memory_and_time(tmp_path) -> None:
 def test_odd_rates_resample_through_soxr_and_agree_with_the_sinc_kernel() -> None:
     assert sinc_kernel_size(16022, 32000) > 100_000_000  # what torchaudio would build
     assert sinc_kernel_size(44100, 32000) < 200_000
-    x = _tone(1, 16022)[:, 0]
-    out = resample_sinc(__import__("torch").from_numpy(x)[None], 16022, 32000)
-    assert out.shape == (1, 32000 * 16022 // 16022 * 1) or abs(out.shape[-1] - 32000) <= 2
+    out = resample_sinc(torch.from_numpy(_tone(1, 16022)[:, 0])[None], 16022, 32000)
+    assert out.shape[0] == 1 and abs(out.shape[-1] - 32000) <= 2
     # a band-limited tone comes out the same as through a standard rate's kernel, within resampler error
-    ref = resample_sinc(__import__("torch").from_numpy(_tone(1, 16000)[:, 0])[None], 16000, 32000)
+    ref = resample_sinc(torch.from_numpy(_tone(1, 16000)[:, 0])[None], 16000, 32000)
     n = min(out.shape[-1], ref.shape[-1]) - 200
     assert float((out[0, 100:n] - ref[0, 100:n]).abs().max()) < 0.05
 

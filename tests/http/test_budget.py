@@ -37,7 +37,8 @@ def server(tmp_path_factory):
     import yaml
 
     section = {"device": "cpu", "is_half": False, "version": "v2",
-               "t2s_weights_path": str(base / LAYOUT["v2"]["gpt"]), "vits_weights_path": str(base / LAYOUT["v2"]["sovits"]),
+               "t2s_weights_path": str(base / LAYOUT["v2"]["gpt"]),
+               "vits_weights_path": str(base / LAYOUT["v2"]["sovits"]),
                "bert_base_path": str(base / "chinese-roberta-wwm-ext-large"),
                "cnhuhbert_base_path": str(base / "chinese-hubert-base")}
     (root / "tts_infer.yaml").write_text(yaml.safe_dump({"custom": section}), encoding="utf-8")

@@ -70,7 +70,7 @@ def test_trickled_bodies_get_408_within_the_body_timeout_and_a_normal_request_is
                             break
                 except OSError:
                     pass  # the server answered and closed
-                answers.append(read_answer(s) if True else b"")
+                answers.append(read_answer(s))
 
         threads = [threading.Thread(target=trickle, daemon=True) for _ in range(4)]
         start = time.monotonic()
