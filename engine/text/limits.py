@@ -13,8 +13,8 @@ import re
 
 from engine.errors import TextError
 
-__all__ = ["MAX_NUMBER_DIGITS", "MAX_NUMERIC_RUN", "max_number_digits", "check_user_text", "long_number",
-           "long_numeric_run"]
+__all__ = ["TextLimitError", "MAX_NUMBER_DIGITS", "MAX_NUMERIC_RUN", "max_number_digits", "check_user_text",
+           "long_number", "long_numeric_run"]
 
 # The longest number (its digits; "1,000,000" counts 7) each language's frontend turns into words: inflect
 # names numbers up to 36 digits, g2pk2 up to 16; the Mandarin, Cantonese and Japanese normalisers read longer
@@ -32,6 +32,10 @@ _RUN_RE = re.compile(r"[\d.,:/~+\-×÷=%]++")  # possessive: one pass over each 
 _NUMBER_RE = re.compile(r"\d[\d,]*+")
 _SURROGATE_RE = re.compile("[\ud800-\udfff]")
 _SHOWN = 12
+
+
+class TextLimitError(TextError):
+    """The text holds something no frontend reads: a lone surrogate, a number or a run of signs too long."""
 
 
 def max_number_digits(language: str) -> int:
@@ -68,17 +72,17 @@ def check_user_text(text: str, language: str, field: str = "text") -> None:
     bad = _SURROGATE_RE.search(text)
     if bad is not None:
         code = ord(bad.group(0))
-        raise TextError(f"{field}: holds a lone surrogate (U+{code:04X}) at character {bad.start() + 1}, which is "
-                        "not valid Unicode text; send the text as valid UTF-8", field=field)
+        raise TextLimitError(f"{field}: holds a lone surrogate (U+{code:04X}) at character {bad.start() + 1}, "
+                             "which is not valid Unicode text; send the text as valid UTF-8", field=field)
     limit = max_number_digits(language)
     found = long_number(text, limit)
     if found is not None:
         number, digits = found
-        raise TextError(f"{field}: the number {_head(number)} has {digits} digits; at most {limit} can be read as "
-                        "one number in this language: write it in words, or separate the digits with spaces",
-                        field=field)
+        raise TextLimitError(f"{field}: the number {_head(number)} has {digits} digits; at most {limit} can be "
+                             "read as one number in this language: write it in words, or separate the digits "
+                             "with spaces", field=field)
     run = long_numeric_run(text)
     if run is not None:
-        raise TextError(f"{field}: the run of numbers and signs {_head(run)} is {len(run)} characters long; at "
-                        f"most {MAX_NUMERIC_RUN} are read as one expression: separate its parts with spaces",
-                        field=field)
+        raise TextLimitError(f"{field}: the run of numbers and signs {_head(run)} is {len(run)} characters "
+                             f"long; at most {MAX_NUMERIC_RUN} are read as one expression: separate its parts with "
+                             "spaces", field=field)

@@ -144,3 +144,14 @@ def test_uploads_are_refused_while_the_folder_is_full(tmp_path) -> None:
     assert asyncio.run(upload(UploadQuota(inner, str(folder), max_files=4, max_bytes=1000))) == 200
     assert asyncio.run(upload(UploadQuota(inner, str(folder), max_files=3, max_bytes=1000))) == 507
     assert asyncio.run(upload(UploadQuota(inner, str(folder), max_files=10, max_bytes=300))) == 507
+
+
+def test_the_page_says_which_number_is_too_long() -> None:
+    from engine.errors import TextError
+    from engine.text.limits import check_user_text
+    from webui.messages import user_message
+
+    with pytest.raises(TextError) as e:
+        check_user_text("1" * 40, "en")
+    message = user_message(e.value, "en")
+    assert "has 40 digits; at most 36" in message
