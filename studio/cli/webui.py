@@ -24,6 +24,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--share", action="store_true", help="also open a public Gradio share link (72 h)")
     parser.add_argument("--auth", default=None, metavar="USER:PASS|FILE",
                         help="require a login: USER:PASS, or a file with one USER:PASS per line")
+    parser.add_argument("--allowed-host", action="append", default=None, metavar="NAME",
+                        help="a dotted host name browsers use to reach this page (IP addresses, localhost and names "
+                             "without a dot always work); repeatable")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -48,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
     notice = studio.device_notice[:1].upper() + studio.device_notice[1:]
     max_tokens = token_cap(config, args)
     server_settings = ServerSettings(weight_roots=roots, profiles_dir=args.profiles_dir,
-                                     limits=limits_from_args(args, max_tokens_per_sentence=max_tokens))
+                                     limits=limits_from_args(args, max_tokens_per_sentence=max_tokens),
+                                     allowed_hosts=tuple(args.allowed_host or ()))
     ui = UISettings(max_tokens_per_sentence=max_tokens, notice=notice, random_weights=config.active.random_weights)
     print("listing weight files...", file=sys.stderr)
     app = create_webui_app(studio, config, ui, server_settings, auth, concurrency=args.workers,

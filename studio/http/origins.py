@@ -5,7 +5,8 @@ work is a web page in the user's browser driving it. Two browser tricks are refu
 
 - **DNS rebinding**: a page on ``evil.example`` re-resolves its own name to 127.0.0.1 and calls the server as
   "same origin". The ``Host`` header then names ``evil.example``: a request whose Host is not an IP literal,
-  ``localhost`` or a name in ``allowed_hosts`` is refused (403). Rebinding needs a name, so IP literals are safe.
+  a name without a dot (``localhost``, a LAN host), ``*.localhost`` or a name in ``allowed_hosts``
+  (``--allowed-host``) is refused (403). Rebinding needs a registered domain, which always has a dot.
 - **Cross-site requests**: a page's ``fetch``/form/``<img>`` sends ``Origin`` (for non-GETs) and
   ``Sec-Fetch-Site`` (modern browsers, every request). A request whose Origin is not the Host it was sent to
   (or an allowed host), or whose Sec-Fetch-Site is ``cross-site``/``same-site``, is refused (403).
