@@ -52,7 +52,9 @@ def run(args: argparse.Namespace) -> int:
     max_tokens = token_cap(config, args)
     server_settings = ServerSettings(weight_roots=roots, profiles_dir=args.profiles_dir,
                                      limits=limits_from_args(args, max_tokens_per_sentence=max_tokens),
-                                     allowed_hosts=tuple(args.allowed_host or ()))
+                                     # a share link reaches the page under *.gradio.live
+                                     allowed_hosts=tuple(args.allowed_host or ()) + ((".gradio.live",) if args.share
+                                                                                     else ()))
     ui = UISettings(max_tokens_per_sentence=max_tokens, notice=notice, random_weights=config.active.random_weights)
     print("listing weight files...", file=sys.stderr)
     app = create_webui_app(studio, config, ui, server_settings, auth, concurrency=args.workers,

@@ -31,9 +31,14 @@ def _hostname(host: str) -> str:
     return host.rstrip(".")
 
 
+def _listed(name: str, allowed: Sequence[str]) -> bool:
+    """``name`` is one of ``allowed``; an entry starting with "." allows every name under it (``.gradio.live``)."""
+    return any(name == a or (a.startswith(".") and name.endswith(a)) for a in (x.lower() for x in allowed))
+
+
 def host_allowed(host: str, allowed: Sequence[str] = ()) -> bool:
     name = _hostname(host)
-    if "." not in name or name.endswith(".localhost") or name in (a.lower() for a in allowed):
+    if "." not in name or name.endswith(".localhost") or _listed(name, allowed):
         return True  # a name without a dot (localhost, a LAN host) is no domain an attacker can re-resolve
     try:
         ipaddress.ip_address(name)
@@ -52,7 +57,7 @@ def origin_refusal(headers: Mapping[bytes, bytes], allowed: Sequence[str] = ()) 
     if origin and origin != "null":
         parts = urlsplit(origin)
         same = parts.netloc.lower() == host.lower()
-        if not same and not (parts.hostname and parts.hostname.lower() in (a.lower() for a in allowed)):
+        if not same and not (parts.hostname and _listed(parts.hostname.lower(), allowed)):
             return ("origin: requests from another web site are refused without an API key; "
                     "start the server with --api-key to serve other origins")
     site = headers.get(b"sec-fetch-site", b"").decode("latin-1").lower()

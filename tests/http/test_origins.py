@@ -33,6 +33,10 @@ def test_origins_and_fetch_sites() -> None:
     assert "another web site" in origin_refusal({**local, b"sec-fetch-site": b"cross-site"})  # an <img src=...>
     assert "DNS rebinding" in origin_refusal({b"host": b"evil.example:9880"})
     assert origin_refusal({b"host": b"studio.lan"}, allowed=("studio.lan",)) is None
+    share = {b"host": b"abc123.gradio.live", b"origin": b"https://abc123.gradio.live"}
+    assert origin_refusal(share, allowed=(".gradio.live",)) is None
+    assert origin_refusal(share) is not None
+    assert origin_refusal({b"host": b"gradio.live.evil.example"}, allowed=(".gradio.live",)) is not None
 
 
 def test_the_server_refuses_a_web_page_without_a_key_and_lets_the_key_decide(tmp_path, refs) -> None:
