@@ -24,6 +24,18 @@ from engine.errors import ReferenceAudioError
 MIN_SAMPLE_RATE = 8000  # below this a file cannot carry the 0-8 kHz band HuBERT expects
 MAX_SAMPLE_RATE = 384000
 DEFAULT_MAX_SECONDS = 600.0  # refuse to decode more than this much audio in one read (bounded memory)
+# ---- the decoding budget: what a file's header must declare before a single sample is decoded ----
+MAX_CHANNELS = 8  # 7.1 surround; a reference is mono or stereo, so more is a broken or hostile file
+MAX_DECODED_SAMPLES = 1 << 25  # samples (frames x channels) of one read: 128 MiB of float32
+DECODE_BLOCK_FRAMES = 1 << 16  # frames decoded per step; the time limit is checked between steps
+DEFAULT_DECODE_SECONDS = 10.0  # wall time one read may take
+# The container signatures libsndfile gets to see (wav, flac, ogg, mp3; everything the API names): a fuzzed
+# file of another format (.au, .voc, raw...) is refused from its first bytes, before any decoder runs.
+_SIGNATURES = ((0, b"RIFF", "wav"), (0, b"RF64", "wav"), (0, b"fLaC", "flac"), (0, b"OggS", "ogg"),
+               (0, b"ID3", "mp3"))
+# The largest torchaudio sinc kernel (elements) resample_sinc builds: rates whose ratio reduces to large
+# numbers (16022 -> 32000 is 8011:16000) would need a kernel of gigabytes; they go through soxr instead.
+MAX_SINC_KERNEL = 1 << 20
 
 # SoVITS reference spectrogram (hps.data of every official s2*.json config; TTS._get_ref_spec)
 SPEC_SAMPLE_RATE = 32000
@@ -73,17 +85,43 @@ def _reason(error: Exception) -> str:
     return reason.strip().rstrip(".")
 
 
+def audio_format(head: bytes) -> str | None:
+    """"wav", "flac", "ogg" or "mp3" from a file's first bytes; None for anything else."""
+    for offset, magic, name in _SIGNATURES:
+        if head[offset:offset + len(magic)] == magic:
+            return name
+    if len(head) >= 2 and head[0] == 0xFF and head[1] & 0xE0 == 0xE0:  # an MPEG audio frame sync
+        return "mp3"
+    return None
+
+
+def _check_signature(source, what: str) -> None:
+    if isinstance(source, (str, os.PathLike)):
+        with open(source, "rb") as f:
+            head = f.read(16)
+    else:
+        position = source.tell()
+        head = source.read(16)
+        source.seek(position)
+    if audio_format(head) is None:  # read_audio's "cannot read audio" answer, like any file libsndfile refuses
+        raise ValueError("not a wav, flac, ogg or mp3 container")
+
+
 def read_audio(
     source: str | os.PathLike | BinaryIO,
     max_seconds: float = DEFAULT_MAX_SECONDS,
     truncate: bool = False,
+    max_decode_s: float = DEFAULT_DECODE_SECONDS,
 ) -> Audio:
-    """Decode a wav/flac/ogg/mp3 (whatever libsndfile reads) to float32 (channels, n).
+    """Decode a wav/flac/ogg/mp3 to float32 (channels, n), within a budget.
 
     Integer PCM is scaled as ``int / 2**(bits-1)`` (what torchaudio.load and librosa.load return).
-    Files longer than ``max_seconds`` are refused before decoding (memory stays bounded), or, with
-    ``truncate=True``, only their first ``max_seconds`` are decoded. Raises ReferenceAudioError for
-    unreadable, empty, NaN/inf-filled or out-of-range-rate files.
+    Before any decoding: the container must be one of the four (its first bytes), the header must declare
+    at most :data:`MAX_CHANNELS` channels, a rate in [MIN_SAMPLE_RATE, MAX_SAMPLE_RATE] and at most
+    :data:`MAX_DECODED_SAMPLES` samples to decode. Files longer than ``max_seconds`` are refused (memory
+    stays bounded), or, with ``truncate=True``, only their first ``max_seconds`` are decoded. Decoding
+    runs in blocks and stops after ``max_decode_s`` seconds. Raises ReferenceAudioError for all of these
+    and for unreadable, empty or NaN/inf-filled files.
     """
     import soundfile as sf
 
@@ -93,17 +131,15 @@ def read_audio(
             raise ReferenceAudioError(f"audio file not found: {what}")
         if os.path.isdir(source):
             raise ReferenceAudioError(f"{what} is a folder; pick an audio file")
+        if not os.path.isfile(source):  # a FIFO or a device would block or never end
+            raise ReferenceAudioError(f"{what} is not a regular file; pick an audio file")
         if os.path.getsize(source) == 0:
             raise ReferenceAudioError(f"audio file {what} is empty (0 bytes)")
     try:
+        _check_signature(source, what)
         with sf.SoundFile(source) as f:
-            sr = int(f.samplerate)
-            frames = int(f.frames)
-            if not MIN_SAMPLE_RATE <= sr <= MAX_SAMPLE_RATE:
-                raise ReferenceAudioError(
-                    f"{what} has a sample rate of {sr} Hz; use a recording between "
-                    f"{MIN_SAMPLE_RATE} and {MAX_SAMPLE_RATE} Hz (16 kHz or more is best)"
-                )
+            sr, frames, channels = int(f.samplerate), int(f.frames), int(f.channels)
+            _check_header(what, sr, channels)
             limit = int(math.floor(max_seconds * sr))
             if frames > limit and not truncate:
                 raise ReferenceAudioError(
@@ -111,7 +147,12 @@ def read_audio(
                     "Cut it to a short clip first."
                 )
             n = min(frames, limit) if frames >= 0 else limit
-            data = f.read(frames=n, dtype="float32", always_2d=True)  # (n, channels)
+            if n * channels > MAX_DECODED_SAMPLES:
+                raise ReferenceAudioError(
+                    f"{what} would decode to {n * channels} samples ({channels} channels at {sr} Hz); at most "
+                    f"{MAX_DECODED_SAMPLES} are read. Export a mono or stereo clip of a few seconds."
+                )
+            data = _read_blocks(f, n, channels, max_decode_s, what)  # (n, channels)
     except ReferenceAudioError:
         raise
     except (sf.LibsndfileError, RuntimeError, TypeError, ValueError, OSError, EOFError) as e:
@@ -123,6 +164,35 @@ def read_audio(
     if not np.isfinite(data).all():
         raise ReferenceAudioError(f"audio {what} contains NaN or infinite samples; re-export it")
     return Audio(np.ascontiguousarray(data.T), sr, max(frames, data.shape[0]))
+
+
+def _check_header(what: str, sr: int, channels: int) -> None:
+    if not MIN_SAMPLE_RATE <= sr <= MAX_SAMPLE_RATE:
+        raise ReferenceAudioError(
+            f"{what} has a sample rate of {sr} Hz; use a recording between "
+            f"{MIN_SAMPLE_RATE} and {MAX_SAMPLE_RATE} Hz (16 kHz or more is best)"
+        )
+    if not 1 <= channels <= MAX_CHANNELS:
+        raise ReferenceAudioError(f"{what} declares {channels} channels; at most {MAX_CHANNELS} are read. "
+                                  "Export a mono or stereo clip.")
+
+
+def _read_blocks(f, n: int, channels: int, max_decode_s: float, what: str) -> np.ndarray:
+    """Up to ``n`` frames from an open SoundFile, one block at a time, within ``max_decode_s`` seconds."""
+    import time
+
+    out = np.empty((n, channels), dtype=np.float32)
+    deadline = time.monotonic() + max_decode_s
+    got = 0
+    while got < n:
+        block = f.read(frames=min(DECODE_BLOCK_FRAMES, n - got), dtype="float32", always_2d=True)
+        if block.shape[0] == 0:
+            break
+        out[got:got + block.shape[0]] = block
+        got += block.shape[0]
+        if time.monotonic() > deadline:
+            raise ReferenceAudioError(f"{what} took more than {max_decode_s:g} s to decode; re-export it as wav")
+    return out[:got]
 
 
 def to_mono(samples: np.ndarray) -> np.ndarray:
@@ -160,8 +230,21 @@ def resample_sinc(x: torch.Tensor, sr_in: int, sr_out: int) -> torch.Tensor:
     ``TTS.py`` ``resample`` does."""
     if sr_in == sr_out:
         return x
+    if sinc_kernel_size(sr_in, sr_out) > MAX_SINC_KERNEL:  # an odd rate: the bounded path (soxr, per row)
+        rows = x.detach().float().cpu().reshape(-1, x.shape[-1]).numpy()
+        out = np.stack([resample_soxr(r, int(sr_in), int(sr_out)) for r in rows])
+        return torch.from_numpy(out).reshape(*x.shape[:-1], -1).to(x.device)
     with torch.no_grad():
         return _sinc_resampler(int(sr_in), int(sr_out), str(x.device))(x.float())
+
+
+def sinc_kernel_size(sr_in: int, sr_out: int, lowpass_filter_width: int = 6, rolloff: float = 0.99) -> int:
+    """Elements of the kernel ``torchaudio.transforms.Resample(sr_in, sr_out)`` builds: (new, 2 * width + orig)
+    with both rates divided by their gcd."""
+    g = math.gcd(int(sr_in), int(sr_out))
+    orig, new = int(sr_in) // g, int(sr_out) // g
+    width = math.ceil(lowpass_filter_width * orig / (min(orig, new) * rolloff))
+    return new * (2 * width + orig)
 
 
 @lru_cache(maxsize=16)

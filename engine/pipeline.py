@@ -73,6 +73,7 @@ from engine.t2s.decoding import (
     T2SInput,
     T2SOutput,
 )
+from engine.text.limits import check_user_text
 
 log = logging.getLogger(__name__)
 
@@ -344,6 +345,7 @@ class VoiceCloner:
                                field="reference.text")
         if prompt_text:
             self._check_language(reference.language, "reference.language")
+            check_user_text(prompt_text, reference.language, "reference.text")
         main = _read_clip_bytes(reference.audio, "reference audio", "reference.audio")
         aux = tuple(_read_clip_bytes(a, f"auxiliary reference audio {i}", f"reference.aux_audio[{i}]")
                     for i, a in enumerate(reference.aux_audio))
@@ -440,6 +442,7 @@ class VoiceCloner:
         if not isinstance(text_lang, str):
             raise OptionsError("text_lang must be a language code string", field="text_lang")
         self._check_language(text_lang, "text_lang")
+        check_user_text(text, text_lang, "text")
 
     def split(self, text: str, text_lang: str, options: SynthesisOptions = SynthesisOptions()) -> list[str]:
         """The sentences the text is cut into for these options (official non-streaming/streaming rules)."""

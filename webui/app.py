@@ -27,6 +27,7 @@ from webui.messages import user_message
 from webui.models_list import ModelCatalog
 from webui.progress import SynthesisProgress
 from webui.streaming_audio import streaming_audio
+from webui.uploads import uploads_only
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 _t = I18nData  # _t("key"): a text the browser translates (webui/locale/*.json)
@@ -151,14 +152,16 @@ def _missing_panel(page: Page, report: str) -> None:
 
 
 def _reference_inputs(page: Page) -> None:
-    page.inputs["ref_audio"] = gr.Audio(sources=["upload", "microphone"], type="filepath", elem_id="ref-audio",
-                                        label=_t("ref_audio"))
+    # file inputs take only what a client uploaded here (and the example clips), never a server path
+    page.inputs["ref_audio"] = uploads_only(gr.Audio(sources=["upload", "microphone"], type="filepath",
+                                                     elem_id="ref-audio", label=_t("ref_audio")), (ASSETS,))
     page.ref_info = gr.Markdown(elem_id="ref-info")
     page.inputs["ref_text"] = gr.Textbox(label=_t("ref_text"), info=_t("ref_text.info"), lines=2,
                                          elem_id="ref-text")
     page.inputs["ref_lang"] = gr.Dropdown(_languages(), value="en", label=_t("ref_lang"), elem_id="ref-lang")
     # any file type: a non-audio file gets a message instead of being dropped silently
-    page.inputs["aux_audio"] = gr.File(file_count="multiple", type="filepath", label=_t("aux"), elem_id="aux")
+    page.inputs["aux_audio"] = uploads_only(gr.File(file_count="multiple", type="filepath", label=_t("aux"),
+                                                    elem_id="aux"), (ASSETS,))
 
 
 def _text_and_output(page: Page, settings: UISettings) -> None:
@@ -248,7 +251,10 @@ def _wire_models(page: Page, config, catalog: ModelCatalog) -> None:
 
     page.rescan.click(rescan, None, [page.gpt, page.sovits], api_name="rescan_models")
     if config is not None:
-        def download(locale, progress=gr.Progress()):  # noqa: B008 - Gradio injects the bar this way
+        def download(locale, request: gr.Request, progress=gr.Progress()):  # noqa: B008 - Gradio injects the bar
+            if not handlers.may_administer(getattr(request, "username", None), request.client.host
+                                           if request.client else None):
+                return handlers.ADMIN_ONLY
             return handlers.download_weights(config.base_dir, config.active.version, locale=locale,
                                              progress=lambda share, what: progress(share, desc=what))
 

@@ -150,6 +150,22 @@ def missing_report(missing: dict[str, Path], version: str, locale: str = "en") -
     return f"{text('weights.missing', locale, version=version)}\n{rows}\n\n{hint}"
 
 
+ADMIN_ONLY = ("Downloading weights is for this machine's user: open the page on this machine, or start the "
+              "page with --auth and log in.")
+
+
+def may_administer(username: str | None, client_host: str | None) -> bool:
+    """Admin actions (downloading weights): a logged-in user, or, without --auth, a client on this machine."""
+    import ipaddress
+
+    if username:
+        return True
+    try:
+        return client_host is not None and ipaddress.ip_address(client_host).is_loopback
+    except ValueError:
+        return client_host == "localhost"
+
+
 def download_weights(root: str | os.PathLike, version: str, fetch: Callable[..., Any] | None = None,
                      locale: str = "en", progress: Callable[[float, str], Any] | None = None) -> str:
     """Fetch the official files of ``version`` under ``root``; the outcome as text (offline: what to get).

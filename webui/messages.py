@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 from engine.errors import CheckpointError, EngineError, OptionsError, ReferenceAudioError, TextError
+from engine.text.limits import TextLimitError
 from webui.i18n import text
 
 _REPR = re.compile(r"<[\w.]+ object at 0x[0-9a-fA-F]+>")
@@ -39,6 +40,8 @@ def user_message(error: EngineError, locale: str, files: dict[str, str] | None =
         if "NaN" in message or "only" in message and "samples were decoded" in message:
             return text("ref.damaged", locale, name=name or "?")
         return text("ref.unreadable", locale, name=name or "?")
+    if isinstance(error, TextLimitError):  # says what to change (a number too long...): shown as it is
+        return text("error.other", locale, message=clean(message, files))
     if isinstance(error, TextError):
         return text("text.empty" if "empty" in message else "text.nothing", locale)
     if isinstance(error, CheckpointError):

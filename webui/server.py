@@ -88,8 +88,15 @@ def create_webui_app(studio, config=None, ui_settings=None, server_settings=None
     demo.queue(default_concurrency_limit=workers, max_size=workers + waiting)
     app = gr.mount_gradio_app(app, demo, path="/", auth=auth or None, max_file_size=upload,
                               allowed_paths=[str(ASSETS)], show_error=True, theme=page_theme(), i18n=page_i18n())
-    if auth:
-        app.add_middleware(LoginPageGuard, page=_mounted_page(app))
+    from webui.upload_quota import MAX_BYTES_PER_UPLOAD_LIMIT, UploadQuota
+
+    app.add_middleware(UploadQuota, folder=demo.GRADIO_CACHE, max_bytes=MAX_BYTES_PER_UPLOAD_LIMIT * upload)
+    if auth:  # before login: no API description on the login form, and Gradio's heartbeat behind the login
+        from webui.login_gate import PageLoginGate
+
+        page = _mounted_page(app)
+        app.add_middleware(PageLoginGate, page=page)
+        app.add_middleware(LoginPageGuard, page=page)
     return app
 
 

@@ -19,6 +19,9 @@ import re
 import unicodedata
 from functools import lru_cache
 
+from engine.errors import TextError
+from engine.text.limits import MAX_NUMBER_DIGITS, check_user_text
+
 # The official `punctuation` list of text/symbols.py; used by the collapse rule below.
 _PUNCTUATION = "!?…,.-"
 _COLLAPSE_RE = re.compile("([" + re.escape(_PUNCTUATION) + r"\s])([" + re.escape(_PUNCTUATION) + "])+")
@@ -43,20 +46,26 @@ _UNITS = {
 }
 _OPERATORS = {"+": " plus ", "-": " minus ", "×": " times ", "÷": " divided by ", "=": " Equals "}
 
+# Every pattern below runs in linear time on any text: a pattern that can start inside a run of digits
+# (or of blanks) is anchored to the run's start with a lookbehind, and runs that nothing after them can
+# match again are possessive. The official patterns retried every start inside a run and backtracked
+# through it (cubic for "123...9" with no "$" or "£" after it). Each change keeps the matches the same:
+# a match can only begin at the run's start, and a later start inside the run would meet the same text
+# after the run (tests/text/test_en_linear.py checks the two sets of patterns against each other).
 _LIST_ORDINAL_RE = re.compile(r"\b([0-9]+)\. ")
-_OPERAND = r"((-?)((\d+)(\.\d+)?[⁰¹²³⁴⁵⁶⁷⁸⁹ˣʸⁿ]*)|(\.\d+[⁰¹²³⁴⁵⁶⁷⁸⁹ˣʸⁿ]*)|([A-Za-z][⁰¹²³⁴⁵⁶⁷⁸⁹ˣʸⁿ]*))"
+_OPERAND = r"((-?)((?<!\d)(\d++)(\.\d++)?[⁰¹²³⁴⁵⁶⁷⁸⁹ˣʸⁿ]*)|(\.\d+[⁰¹²³⁴⁵⁶⁷⁸⁹ˣʸⁿ]*)|([A-Za-z][⁰¹²³⁴⁵⁶⁷⁸⁹ˣʸⁿ]*))"
 _ARITHMETIC_RE = re.compile(_OPERAND + r"\s+([\+\-\×÷=])\s+" + _OPERAND)
-_NEGATIVE_RE = re.compile(r"(?:^|\s+)(-)(\d+)")
+_NEGATIVE_RE = re.compile(r"(?:^|(?<!\s)\s++)(-)(\d+)")
 _THOUSANDS_RE = re.compile(r"([0-9][0-9\,]+[0-9])")
 _TIME_RE = re.compile(r"\b([01]?[0-9]|2[0-3]):([0-5][0-9])\b")
 _UNIT_RE = re.compile(r"\b([0-9]+(\.[0-9]+)?(m|km|km/h|ft|L|tbsp|tsp|h|min|s|°C|°F))\b")
 _POUNDS_BEFORE_RE = re.compile(r"£([0-9\.\,]*[0-9]+)")
-_POUNDS_AFTER_RE = re.compile(r"([0-9\.\,]*[0-9]+)£")
+_POUNDS_AFTER_RE = re.compile(r"(?<![0-9\.\,])([0-9\.\,]*+)£")
 _DOLLARS_BEFORE_RE = re.compile(r"\$([0-9\.\,]*[0-9]+)")
-_DOLLARS_AFTER_RE = re.compile(r"([(0-9\.\,]*[0-9]+)\$")
-_DECIMAL_RE = re.compile(r"([0-9]+\.\s*[0-9]+)")
-_FRACTION_RE = re.compile(r"([0-9]+/[0-9]+)")
-_ORDINAL_RE = re.compile(r"[0-9]+(st|nd|rd|th)")
+_DOLLARS_AFTER_RE = re.compile(r"(?<![(0-9\.\,])([(0-9\.\,]*+)\$")
+_DECIMAL_RE = re.compile(r"(?<![0-9])([0-9]+\.\s*[0-9]+)")
+_FRACTION_RE = re.compile(r"(?<![0-9])([0-9]+/[0-9]+)")
+_ORDINAL_RE = re.compile(r"(?<![0-9])[0-9]+(st|nd|rd|th)")
 _NUMBER_RE = re.compile(r"[0-9]+")
 _NOT_KEPT_RE = re.compile(r"[^ A-Za-z'.,?!\-]")
 _IE_RE = re.compile(r"(?i)i\.e\.")
@@ -72,7 +81,13 @@ def _inflect_engine():
 
 
 def _say(number, **kwargs) -> str:
-    return _inflect_engine().number_to_words(number, **kwargs)
+    import inflect
+
+    try:
+        return _inflect_engine().number_to_words(number, **kwargs)
+    except inflect.NumOutOfRangeError:  # more digits than inflect has names for (a number joined by "1,000,...")
+        raise TextError(f"text: the number {str(number)[:12]}... is too long to read; at most "
+                        f"{MAX_NUMBER_DIGITS['en']} digits can be read as one number in English", field="text") from None
 
 
 def _list_ordinal(m: re.Match) -> str:
@@ -124,10 +139,14 @@ def _money(amount: str, major: tuple[str, str], minor: tuple[str, str], fallback
 
 
 def _pounds(m: re.Match) -> str:
+    if not m.group(1)[-1:].isdigit():  # the "...£" patterns match a whole run; the official one needs a digit last
+        return m.group(0)
     return _money(m.group(1), ("pound", "pounds"), ("penny", "pence"), "pounds")
 
 
 def _dollars(m: re.Match) -> str:
+    if not m.group(1)[-1:].isdigit():
+        return m.group(0)
     return _money(m.group(1), ("dollar", "dollars"), ("cent", "cents"), "dollars")
 
 
@@ -154,7 +173,12 @@ def _ordinal(m: re.Match) -> str:
 
 
 def _number(m: re.Match) -> str:
-    num = int(m.group(0))
+    return _number_words(m.group(0))
+
+
+@lru_cache(maxsize=4096)  # pure; inflect takes about a millisecond per number, and texts repeat numbers
+def _number_words(digits: str) -> str:
+    num = int(digits)
     if 1000 < num < 3000:  # years are read in pairs: 1999 -> nineteen ninety-nine
         if num == 2000:
             return "two thousand"
@@ -192,7 +216,10 @@ def expand(text: str) -> str:
 
 
 def normalize(text: str) -> str:
-    """English ``norm_text`` exactly as the official ``english.text_normalize`` returns it."""
+    """English ``norm_text`` exactly as the official ``english.text_normalize`` returns it.
+
+    A number of more digits than English can read is a TextError before any rule runs."""
+    check_user_text(text, "en")
     for mark, ascii_mark in _FULLWIDTH_MARKS.items():
         text = text.replace(mark, ascii_mark)
     text = expand(text)

@@ -37,6 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key-file", default=None, metavar="FILE", help="keys as --api-key, one per line")
     parser.add_argument("--allow-control", action="store_true",
                         help="accept /control (restart, exit) without an API key (with a key it is always on)")
+    parser.add_argument("--allowed-host", action="append", default=None, metavar="NAME",
+                        help="a dotted host name clients use to reach this server without an API key (IP "
+                             "addresses, localhost and names without a dot always work); repeatable")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -79,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
         limits=limits_from_args(args, max_tokens_per_sentence=token_cap(config, args)),
         access=Access(api_keys=check_keys(keys)),
         allow_control=args.allow_control,
+        allowed_hosts=tuple(args.allowed_host or ()),
     )
     studio = build_studio(config, args, weight_roots=settings.weight_roots)
     state = {"restart": False}

@@ -26,6 +26,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--share", action="store_true", help="also open a public Gradio share link (72 h)")
     parser.add_argument("--auth", default=None, metavar="USER:PASS|FILE",
                         help="require a login: USER:PASS, or a file with one USER:PASS per line")
+    parser.add_argument("--allowed-host", action="append", default=None, metavar="NAME",
+                        help="a dotted host name browsers use to reach this page (IP addresses, localhost and names "
+                             "without a dot always work); repeatable")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -57,7 +60,10 @@ def run(args: argparse.Namespace) -> int:
     studio = build_studio(config, args, weight_roots=roots)
     max_tokens = token_cap(config, args)
     server_settings = ServerSettings(weight_roots=roots, profiles_dir=voices_folder(args.profiles_dir),
-                                     limits=limits_from_args(args, max_tokens_per_sentence=max_tokens))
+                                     limits=limits_from_args(args, max_tokens_per_sentence=max_tokens),
+                                     # a share link reaches the page under *.gradio.live
+                                     allowed_hosts=tuple(args.allowed_host or ()) + ((".gradio.live",) if args.share
+                                                                                     else ()))
     ui = UISettings(max_tokens_per_sentence=max_tokens, random_weights=config.active.random_weights,
                     device_fallback=config.active.device if studio.device_notice else "")
     print("listing weight files...", file=sys.stderr)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
+from starlette.concurrency import run_in_threadpool
 
 from engine.audio_formats import API_V2_MEDIA_TYPES, check_media_type
 from engine.errors import EngineError, OptionsError
@@ -188,7 +189,8 @@ async def tts(ctx: "ServerContext", request: Request):
     ex = admit(ctx, request)
     ex.names = NAMES
     req, ref_upload, aux_uploads = await read_request(ctx, request)
-    return await respond(ctx, request, ex, build_job(ctx, req, ref_upload, aux_uploads), "/tts")
+    job = await run_in_threadpool(build_job, ctx, req, ref_upload, aux_uploads)  # file system checks: off the loop
+    return await respond(ctx, request, ex, job, "/tts")
 
 
 async def set_weights(ctx: "ServerContext", kind: str, request: Request):
@@ -197,7 +199,7 @@ async def set_weights(ctx: "ServerContext", kind: str, request: Request):
     if weights_path in (None, ""):
         return _answer(request, 400, f"{kind} weight path is required")
     try:
-        path = ctx.weight_path(weights_path, "weights_path")
+        path = await run_in_threadpool(ctx.weight_path, weights_path, "weights_path")
         args = {"gpt": path} if kind == "gpt" else {"sovits": path}
         await ctx.runner.run(lambda: ctx.studio.set_default_weights(**args))
     except EngineError as e:
@@ -212,7 +214,8 @@ async def set_refer_audio(ctx: "ServerContext", request: Request):
     from engine.reference import read_reference
 
     try:
-        path = ctx.reference_path(request.query_params.get("refer_audio_path"), "refer_audio_path")
+        path = await run_in_threadpool(ctx.reference_path, request.query_params.get("refer_audio_path"),
+                                       "refer_audio_path")
         await ctx.runner.run(read_reference, path, ctx.studio.reference_rules)
     except EngineError as e:
         if status_for(e) != 400:
@@ -223,12 +226,13 @@ async def set_refer_audio(ctx: "ServerContext", request: Request):
 
 def _answer(request: Request, status: int, message: str, error: EngineError | None = None) -> JSONResponse:
     """An official-shape answer: ``{"message"}``, with the error (in the client's words) as ``Exception``."""
-    from studio.http.errors import client_message
+    from studio.http.errors import client_message, server_folders
 
     ex = exchange(request)
     body: dict[str, Any] = {"message": message, "request_id": ex.id}
     if error is not None:
-        body["Exception"] = client_message(error, {"reference.audio": "refer_audio_path"}, ex.id)[0]
+        body["Exception"] = client_message(error, {"reference.audio": "refer_audio_path"}, ex.id,
+                                           server_folders(request))[0]
     return JSONResponse(body, status_code=status)
 
 
@@ -258,9 +262,11 @@ async def control(ctx: "ServerContext", request: Request):
 def router(ctx: "ServerContext") -> APIRouter:
     """The api_v2 routes over ``ctx``."""
     r = APIRouter()
-    routes = (("/tts", ("GET", "POST"), tts, ()), ("/set_gpt_weights", ("GET",), set_weights, ("gpt",)),
-              ("/set_sovits_weights", ("GET",), set_weights, ("sovits",)),
-              ("/set_refer_audio", ("GET",), set_refer_audio, ()), ("/control", ("GET", "POST"), control, ()))
+    # the official routes that change state are GETs; POST (same query) is the form to prefer, and without
+    # an API key the guard refuses both from web pages (studio.http.origins)
+    routes = (("/tts", ("GET", "POST"), tts, ()), ("/set_gpt_weights", ("GET", "POST"), set_weights, ("gpt",)),
+              ("/set_sovits_weights", ("GET", "POST"), set_weights, ("sovits",)),
+              ("/set_refer_audio", ("GET", "POST"), set_refer_audio, ()), ("/control", ("GET", "POST"), control, ()))
     for path, methods, fn, args in routes:
         for method in methods:
             r.add_api_route(path, bind(ctx, fn, *args, name=f"{path.strip('/')}_{method.lower()}"), methods=[method])

@@ -52,7 +52,10 @@ def _depth(value: Any) -> int:
 
 
 async def read_json(request, max_depth: int) -> dict[str, Any]:
-    return parse_json(await request.body(), max_depth)
+    """The body parsed on a worker thread: a large body never stalls the event loop."""
+    from starlette.concurrency import run_in_threadpool
+
+    return await run_in_threadpool(parse_json, await request.body(), max_depth)
 
 
 def is_form(request) -> bool:

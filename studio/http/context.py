@@ -35,6 +35,8 @@ class ServerSettings:
     limits: ServerLimits = ServerLimits()  # every bound: sizes, queue, time, audio, shutdown grace
     access: Access = Access()  # API keys or Basic logins every route needs; none: open
     allow_control: bool = False  # /control without an API key (with keys it is always on)
+    allowed_hosts: tuple[str, ...] = ()  # host names served without an API key besides IP literals and
+    # localhost (studio.http.origins: the DNS-rebinding and cross-site check)
 
     def __post_init__(self) -> None:
         if not isinstance(self.limits, ServerLimits):
@@ -103,6 +105,7 @@ class ServerContext:
         answer never tells whether a file outside the folders exists."""
         if not isinstance(value, str) or not value.strip():
             raise OptionsError("a reference clip is required", field=field_name)
+        check_path_length(value, field_name)
         if not self.reference_roots:
             raise OptionsError("server-side reference paths are disabled here; upload the clip (multipart "
                                "field ref_audio) or use a saved voice", field=field_name)
@@ -114,20 +117,31 @@ class ServerContext:
                 resolved = candidate.resolve()
                 if any(resolved == r or r in resolved.parents for r in self.reference_roots) and resolved.is_file():
                     return resolved
-        except (OSError, ValueError):  # a NUL, a name too long for the file system...: refused like the rest
-            pass
+        except (OSError, ValueError, RuntimeError):  # a NUL, a name too long for the file system, a surrogate,
+            pass  # a symlink loop (RuntimeError from resolve): refused like the rest
         raise PathRefused(f"{shown(value)} is not a file in the server's reference folders", field=field_name)
 
     def weight_path(self, value: Any, field_name: str) -> Path:
         """A weight file inside the allowed weight folders; one message for every refusal."""
         from engine.loading.model_pool import WeightPathError, check_weight_path
 
+        check_path_length(value, field_name)
         try:
             if "\x00" not in str(value):
                 return check_weight_path(value, self.weight_roots, field_name)
-        except (WeightPathError, OSError, ValueError):
+        except (WeightPathError, OSError, ValueError, RuntimeError):  # RuntimeError: a symlink loop
             pass
         raise PathRefused(f"{shown(str(value))} is not a weight file in the server's weight folders", field=field_name)
+
+
+MAX_PATH_CHARS = 4096  # PATH_MAX on Linux: a longer path is refused before the file system sees it
+
+
+def check_path_length(value: Any, field_name: str) -> None:
+    """PathRefused for a path longer than :data:`MAX_PATH_CHARS` (checked before any file system call)."""
+    if isinstance(value, str) and len(value) > MAX_PATH_CHARS:
+        raise PathRefused(f"a path of {len(value)} characters; at most {MAX_PATH_CHARS} are accepted",
+                          field=field_name)
 
 
 def shown(value: str, limit: int = 120) -> str:

@@ -96,11 +96,33 @@ def param_name(field: str | None, names: Mapping[str, str]) -> str | None:
     return field
 
 
-def client_message(exc: EngineError, names: Mapping[str, str], request_id: str) -> tuple[str, str | None]:
-    """(message, param) for the client: the route's parameter name first, never library text."""
+def server_folders(request: Any) -> tuple[str, ...]:
+    """The folders a message must not name: the working folder, the reference and weight folders."""
+    import os
+
+    ctx = getattr(getattr(getattr(request, "app", None), "state", None), "context", None)
+    folders = [os.getcwd()]
+    if ctx is not None:
+        folders += [str(r) for r in ctx.reference_roots] + [str(r) for r in ctx.weight_roots]
+    return tuple(f for f in folders if len(f) > 1)
+
+
+def without_folders(message: str, folders: Iterable[str]) -> str:
+    """``message`` with every server folder cut from the paths in it (``/srv/refs/a.wav`` -> ``a.wav``)."""
+    import os
+
+    for folder in sorted(set(folders), key=len, reverse=True):
+        message = message.replace(folder.rstrip(os.sep) + os.sep, "")
+    return message
+
+
+def client_message(exc: EngineError, names: Mapping[str, str], request_id: str,
+                   folders: Iterable[str] = ()) -> tuple[str, str | None]:
+    """(message, param) for the client: the route's parameter name first, never library text nor a server
+    folder."""
     field = exc.field
     param = param_name(field, names)
-    message = str(exc)
+    message = without_folders(str(exc), folders)
     cause = exc.__cause__
     if cause is not None and not isinstance(cause, EngineError):
         plain = next((text for cls, text in _PLAIN if isinstance(exc, cls)), "invalid value")
@@ -147,7 +169,7 @@ def error_response(request: Any, exc: BaseException, default_retry_after: float 
     status = status_for(exc)
     headers = None
     if isinstance(exc, EngineError):
-        message, param = client_message(exc, ex.names if ex is not None else {}, request_id)
+        message, param = client_message(exc, ex.names if ex is not None else {}, request_id, server_folders(request))
     else:
         message, param = f"internal error (request id {request_id}); the server log has the details", None
         log.error("request %s failed", request_id, exc_info=exc)

@@ -14,9 +14,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from typing import Any
 
 from studio.http.errors import endpoint_label, error_json, local_path
+from studio.http.origins import origin_refusal
 from studio.http.exchange import (
     CANCELLED,
     COMPLETED,
@@ -39,7 +41,11 @@ class BodyTooLarge(Exception):
 
 
 class BodyTimeout(Exception):
-    """The client stopped sending its body for longer than ``body_timeout_s``."""
+    """The whole body did not arrive within ``body_timeout_s``."""
+
+
+class SendTimeout(Exception):
+    """A synthesis answer could not be handed to a client (it stopped reading) within ``request_timeout_s``."""
 
 
 def outcome_of(ex: Exchange, status: int) -> str:
@@ -88,10 +94,27 @@ class Guard:
             if message["type"] == "http.response.start":
                 status["code"], status["started"] = message["status"], True
                 message = {**message, "headers": [*message.get("headers", ()), (b"x-request-id", ex.id.encode())]}
-            await send(message)
+            if ex.job is not None and message["type"] == "http.response.body":
+                # a client that stops reading blocks this send: the request's time limit holds here too
+                try:
+                    await asyncio.wait_for(send(message), max(ex.job.remaining(), 0.001))
+                except TimeoutError:
+                    ex.outcome = TIMED_OUT
+                    raise SendTimeout() from None
+            else:
+                await send(message)
             if message["type"] == "http.response.body" and not message.get("more_body", False):
                 ex.completed = True
 
+        refused = header_refusal(scope, limits)
+        if refused is not None:
+            await self._reject(send_, ex, scope, *refused, [(b"connection", b"close")])
+            return
+        if not self.ctx.access.api_keys:  # no key: only this machine's names, never a page on another site
+            why = origin_refusal(headers, self.ctx.settings.allowed_hosts)
+            if why is not None:
+                await self._reject(send_, ex, scope, 403, why)
+                return
         if self.ctx.access.required and self._protected(scope) and not self.ctx.access.allows(headers):
             await self._reject(send_, ex, scope, 401, "authentication required: " + self._how(),
                                [(b"www-authenticate", self.ctx.access.challenge.encode())])
@@ -104,14 +127,18 @@ class Guard:
         receive_ = self._limited(receive, ex)
         try:
             await self.app(scope, receive_, send_)
-        except BodyTooLarge:
+        except BodyTooLarge:  # the rest of the body is not read: the connection closes after the answer
             limit = limits.max_upload_bytes
             await self._reject(send_, ex, scope, 413, f"request body: more than {limit} bytes; the limit is {limit} "
-                                                      f"(max_upload_bytes)")
+                                                      f"(max_upload_bytes)", [(b"connection", b"close")])
         except BodyTimeout:
-            await self._reject(send_, ex, scope, 408, f"request body: nothing arrived for {limits.body_timeout_s:g} s "
-                                                      f"(body_timeout_s); send the body without pauses")
+            await self._reject(send_, ex, scope, 408, f"request body: not complete after {limits.body_timeout_s:g} s "
+                                                      f"(body_timeout_s); send the whole body within it",
+                               [(b"connection", b"close")])
         except Exception as exc:  # noqa: BLE001 - the last place an error can be turned into an answer
+            if _holds(exc, SendTimeout):  # the answer had begun: the connection is closed before its end
+                log.warning("request %s: the client stopped reading; the answer was cut at request_timeout_s", ex.id)
+                return
             if _client_left(exc) or ex.client_gone:
                 ex.client_gone = True
                 if not status["started"]:
@@ -129,13 +156,14 @@ class Guard:
     def _limited(self, receive, ex: Exchange):
         limits = self.ctx.limits
         seen = {"bytes": 0, "done": False}
+        deadline = time.monotonic() + limits.body_timeout_s  # the whole body, not each piece
 
         async def receive_() -> dict[str, Any]:
             if seen["done"]:
                 message = await receive()
             else:
                 try:
-                    message = await asyncio.wait_for(receive(), limits.body_timeout_s)
+                    message = await asyncio.wait_for(receive(), max(deadline - time.monotonic(), 0.001))
                 except TimeoutError:
                     raise BodyTimeout() from None
             if message["type"] == "http.disconnect":
@@ -186,6 +214,34 @@ class Guard:
         metrics.outcomes.inc({"endpoint": ex.endpoint, "outcome": outcome})
         if outcome == COMPLETED and ex.audio_seconds:
             metrics.audio_seconds.inc(amount=ex.audio_seconds)
+
+
+def header_refusal(scope, limits) -> tuple[int, str] | None:
+    """(status, message) when the request line or the headers are over the limits (414 / 431), else None."""
+    target = len(scope.get("raw_path") or scope.get("path", "").encode()) + len(scope.get("query_string") or b"")
+    if target > limits.max_header_line_bytes:
+        return 414, (f"request line: the URL is {target} bytes; the limit is {limits.max_header_line_bytes} "
+                     "(max_header_line_bytes); send long values in a POST body")
+    raw = scope.get("headers") or ()
+    if len(raw) > limits.max_headers:
+        return 431, f"request headers: {len(raw)} lines; the limit is {limits.max_headers} (max_headers)"
+    total = 0
+    for name, value in raw:
+        line = len(name) + len(value) + 4  # "name: value\r\n"
+        if line > limits.max_header_line_bytes:
+            return 431, (f"request headers: the {name.decode('latin-1')[:64]!r} line is {line} bytes; the limit is "
+                         f"{limits.max_header_line_bytes} (max_header_line_bytes)")
+        total += line
+    if total > limits.max_header_bytes:
+        return 431, f"request headers: {total} bytes; the limit is {limits.max_header_bytes} (max_header_bytes)"
+    return None
+
+
+def _holds(exc: BaseException, kind: type) -> bool:
+    """``exc`` is a ``kind``, or an exception group (a task group's) holding one."""
+    if isinstance(exc, kind):
+        return True
+    return isinstance(exc, BaseExceptionGroup) and any(_holds(e, kind) for e in exc.exceptions)
 
 
 def _client_left(exc: BaseException) -> bool:

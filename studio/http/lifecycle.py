@@ -27,16 +27,72 @@ log = logging.getLogger("studio.http")
 CUT_MARGIN_S = 1.0  # uvicorn's own graceful-shutdown timeout falls this long after the app's cut
 
 
+CLOSE_GRACE_S = 5.0  # a connection closed with unsent bytes (a client that stopped reading) is aborted after this
+_BUSY = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\n"
+         b"connection: close\r\ncontent-length: %d\r\n\r\n%s")
+
+
+class _AbortingTransport:
+    """A transport whose ``close()`` turns into ``abort()`` when the peer has not taken the rest of the answer
+    within ``grace`` seconds: a client that stopped reading cannot keep a closed connection open."""
+
+    def __init__(self, transport, loop, grace: float) -> None:
+        self._transport, self._loop, self._grace = transport, loop, grace
+        self._timer = None
+
+    def close(self) -> None:
+        self._transport.close()
+        if self._timer is None:
+            self._timer = self._loop.call_later(self._grace, self._abort)
+
+    def lost(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def _abort(self) -> None:
+        self._transport.abort()
+
+    def __getattr__(self, name: str):
+        return getattr(self._transport, name)
+
+
 class HeaderTimeoutProtocol(H11Protocol):
-    """h11 with a deadline for request headers: a connection that is silent, or sends half a request
-    line, is closed after ``header_timeout`` seconds (also between keep-alive requests)."""
+    """h11 with the connection rules of :class:`ServerLimits`:
+
+    - a connection that is silent, or sends half a request line, is closed after ``header_timeout`` seconds
+      (also between keep-alive requests);
+    - when the open connections reach ``max_connections``, the idle ones (waiting for a request, nothing
+      received) are closed oldest first, so idle connections cannot lock everyone out;
+    - one client address keeps at most ``per_client`` connections; the others are answered 503 at their
+      first bytes and closed;
+    - a closed connection whose client does not read the rest is aborted after :data:`CLOSE_GRACE_S`.
+    """
 
     header_timeout = ServerLimits.header_timeout_s
+    per_client = ServerLimits.max_connections_per_client
+    clients: dict[str, int] = {}  # open connections per client address; uvicorn_config makes one per server
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self.transport = _AbortingTransport(transport, self.loop, CLOSE_GRACE_S)
         self._header_timer = None
+        self._idle, self._since = True, self.loop.time()
+        self._peer = (transport.get_extra_info("peername") or ("?",))[0]
+        self.clients[self._peer] = self.clients.get(self._peer, 0) + 1
+        self._over = self.clients[self._peer] > self.per_client
         self._arm()
+        self._evict_idle()
+
+    def _evict_idle(self) -> None:
+        limit = self.limit_concurrency
+        if limit is None or len(self.connections) < limit:
+            return
+        idle = sorted((c for c in self.connections if c is not self and getattr(c, "_idle", False)),
+                      key=lambda c: c._since)
+        for conn in idle[:len(self.connections) - limit + 1]:
+            conn._idle = False
+            conn.transport.close()
+            self.connections.discard(conn)  # gone now for uvicorn's count (its connection_lost discards again)
 
     def _waiting_for_headers(self) -> bool:
         return self.cycle is None or self.cycle.response_complete
@@ -51,6 +107,13 @@ class HeaderTimeoutProtocol(H11Protocol):
             self._header_timer = None
 
     def data_received(self, data: bytes) -> None:
+        self._idle = False
+        if self._over:
+            if not self.transport.is_closing():
+                body = (b'{"message": "too many connections from one client (max_connections_per_client)"}')
+                self.transport.write(_BUSY % (len(body), body))
+                self.transport.close()
+            return
         super().data_received(data)
         if self._waiting_for_headers():
             self._arm()
@@ -59,11 +122,29 @@ class HeaderTimeoutProtocol(H11Protocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
+        self._idle, self._since = True, self.loop.time()
         self._disarm()  # idle now: uvicorn's keep-alive timer applies; new bytes arm the header deadline
 
     def connection_lost(self, exc) -> None:
         self._disarm()
+        self._idle = False
+        self.transport.lost()
+        left = self.clients.get(self._peer, 1) - 1
+        if left > 0:
+            self.clients[self._peer] = left
+        else:
+            self.clients.pop(self._peer, None)
         super().connection_lost(exc)
+
+    def shutdown(self) -> None:
+        """uvicorn's graceful shutdown; a connection in the middle of sending a request head gets a 503 instead
+        of a bare close (one that sent nothing has nothing to answer; a request under way finishes)."""
+        if self._waiting_for_headers() and not self._idle and not self.transport.is_closing():
+            body = b'{"message": "the server is shutting down; retry on another server or later"}'
+            self.transport.write(_BUSY % (len(body), body))
+            self.transport.close()
+            return
+        super().shutdown()
 
     def _expired(self) -> None:
         self._header_timer = None
@@ -73,9 +154,14 @@ class HeaderTimeoutProtocol(H11Protocol):
 
 def uvicorn_config(app: Any, host: str, port: int, limits: ServerLimits, **extra: Any) -> uvicorn.Config:
     """A uvicorn config that applies ``limits`` (see the module docstring)."""
-    protocol = type("HeaderTimeoutProtocol", (HeaderTimeoutProtocol,), {"header_timeout": limits.header_timeout_s})
+    protocol = type("HeaderTimeoutProtocol", (HeaderTimeoutProtocol,),
+                    {"header_timeout": limits.header_timeout_s, "per_client": limits.max_connections_per_client,
+                     "clients": {}})  # this server's count of connections per client address
+    # h11 buffers an incomplete request head up to this size: room for every header the guard accepts (it
+    # answers 414/431 above its limits); a head larger still is refused by uvicorn (400) and never buffered
+    head = limits.max_header_bytes + 2 * limits.max_header_line_bytes
     return uvicorn.Config(app, host=host, port=port, http=protocol, limit_concurrency=limits.max_connections,
-                          timeout_keep_alive=max(1, round(limits.keep_alive_s)),
+                          h11_max_incomplete_event_size=head, timeout_keep_alive=max(1, round(limits.keep_alive_s)),
                           timeout_graceful_shutdown=max(1, round(limits.shutdown_grace_s + CUT_MARGIN_S)), **extra)
 
 

@@ -34,10 +34,16 @@ class ServerLimits:
     # checked against Content-Length first and again while reading, with no slack
     max_json_depth: int = 32  # nesting of a JSON body (objects and lists); deeper: 400
     max_form_fields: int = 64  # multipart/urlencoded fields of one request
+    max_header_line_bytes: int = 16 * 1024  # one header line (name and value); the request line likewise
+    # (a longer request line: 414); over it: 431
+    max_header_bytes: int = 64 * 1024  # every header line of one request together; over it: 431
+    max_headers: int = 100  # header lines of one request; more: 431
     header_timeout_s: float = 10.0  # a connection must send its request headers within this; else it is closed
-    body_timeout_s: float = 30.0  # longest wait for the next piece of a request body; else 408
+    body_timeout_s: float = 30.0  # a request body must arrive completely within this (in total); else 408
     keep_alive_s: float = 5.0  # an idle keep-alive connection is closed after this
-    max_connections: int = 512  # open connections + running requests; beyond, uvicorn answers 503
+    max_connections: int = 512  # open connections + running requests; beyond, uvicorn answers 503 (idle
+    # connections are closed first, oldest first, to make room)
+    max_connections_per_client: int = 256  # open connections from one client address; more: 503 and closed
     # ---- work ----------------------------------------------------------------------------------
     request_timeout_s: float = 600.0  # one synthesis request, admission to last byte; then 504 (or the
     # stream ends with an error) and its work is cancelled
@@ -57,7 +63,9 @@ class ServerLimits:
                 continue
             if f.type in ("int", "int | None"):
                 low = 1 if f.name in ("workers", "max_upload_bytes", "max_json_depth", "max_connections",
-                                      "max_pending_chunks", "max_tokens_per_sentence") else 0
+                                      "max_pending_chunks", "max_tokens_per_sentence", "max_header_line_bytes",
+                                      "max_connections_per_client",
+                                      "max_header_bytes", "max_headers") else 0
                 if not isinstance(value, int) or isinstance(value, bool) or value < low:
                     raise OptionsError(f"{f.name} must be an integer >= {low}, got {value!r}", field=f.name)
             elif (not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value)
@@ -91,7 +99,7 @@ _FLAGS = {  # field -> (flag, help); MiB for the upload size
     "max_audio_seconds": ("--max-audio-seconds", "longest audio of a whole-file response (streaming: no cap)"),
     "shutdown_grace_s": ("--shutdown-grace", "seconds running requests get after SIGTERM before the server exits"),
     "header_timeout_s": ("--header-timeout", "seconds a connection may take to send its request headers"),
-    "body_timeout_s": ("--body-timeout", "seconds to wait for the next piece of a request body (then 408)"),
+    "body_timeout_s": ("--body-timeout", "seconds a whole request body may take to arrive (then 408)"),
     "max_tokens_per_sentence": ("--max-tokens-per-sentence",
                                 "cap semantic tokens per sentence (25 per second of audio; default: the GPT file's)"),
 }

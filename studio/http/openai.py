@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict
+from starlette.concurrency import run_in_threadpool
 
 from engine.audio_formats import OPENAI_FORMATS, check_media_type
 from engine.errors import OptionsError
@@ -97,7 +98,7 @@ async def speech(ctx: "ServerContext", request: Request) -> Response:
     ex = admit(ctx, request)
     ex.names = NAMES
     body = await read_json(request, ctx.limits.max_json_depth)
-    job = build_speech_job(ctx, validate_model(SpeechRequest, body))
+    job = await run_in_threadpool(build_speech_job, ctx, validate_model(SpeechRequest, body))  # file checks
     rate = PCM_RATE if job.media_type == "pcm" else None
     return await respond(ctx, request, ex, job, "/v1/audio/speech", encode_as=job.media_type, rate=rate)
 

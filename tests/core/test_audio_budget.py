@@ -1,0 +1,147 @@
+"""Audio decoding with a budget: what a hostile clip declares is checked before decoding, odd sample rates
+resample through a bounded path, and no case grows the process by more than 200 MB or takes more than 5 s.
+
+The memory is measured in a fresh interpreter (the peak RSS of this test process says nothing about one
+case), which prepares each clip as a request would: read, then the 32 kHz spectrogram path, the 16 kHz
+HuBERT path and the 16 kHz speaker-verification path.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import struct
+import subprocess
+import sys
+import wave
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+from engine.audio import MAX_CHANNELS, audio_format, read_audio, resample_sinc, sinc_kernel_size
+from engine.errors import ReferenceAudioError
+from tests.support.paths import REPO
+
+MAX_GROWTH_MB = 200
+MAX_SECONDS = 5.0
+
+
+def _tone(seconds: float, rate: int, channels: int = 1) -> np.ndarray:
+    t = np.arange(int(seconds * rate)) / rate
+    mono = 0.3 * np.sin(2 * np.pi * 220 * t) * (1 + 0.5 * np.sin(2 * np.pi * 3 * t))
+    return np.repeat(mono[:, None], channels, axis=1).astype(np.float32)
+
+
+def _wav_header(channels: int, rate: int, data_bytes: int, bits: int = 16) -> bytes:
+    block = channels * bits // 8
+    fmt = struct.pack("<HHIIHH", 1, channels, rate, rate * block, block, bits)
+    return (b"RIFF" + struct.pack("<I", 36 + data_bytes) + b"WAVE" + b"fmt " + struct.pack("<I", 16) + fmt
+            + b"data" + struct.pack("<I", data_bytes))
+
+
+def hostile_clips(folder: Path) -> dict[str, Path]:
+    clips = {}
+    clips["odd_rate"] = folder / "odd_rate.wav"  # 4 s PCM16 at 16,022 Hz: gigabytes through torchaudio's kernel
+    sf.write(clips["odd_rate"], _tone(4, 16022), 16022, subtype="PCM_16")
+    clips["odd_rate_high"] = folder / "odd_rate_high.wav"
+    sf.write(clips["odd_rate_high"], _tone(4, 47999), 47999, subtype="PCM_16")
+    clips["channels_255"] = folder / "channels_255.wav"  # the header declares 255 channels
+    clips["channels_255"].write_bytes(_wav_header(255, 16000, 255 * 2 * 4000) + bytes(255 * 2 * 4000))
+    try:
+        clips["vorbis_255"] = folder / "vorbis_255.ogg"
+        sf.write(clips["vorbis_255"], _tone(0.5, 16000, 255) * 0.01, 16000, format="OGG", subtype="VORBIS")
+    except (sf.LibsndfileError, RuntimeError):
+        clips.pop("vorbis_255")
+    clips["declared_huge"] = folder / "declared_huge.wav"  # 8 channels at 384 kHz for 3 hours, 4 KB present
+    clips["declared_huge"].write_bytes(_wav_header(8, 384000, 0xFFFFFF00) + bytes(4096))
+    clips["au"] = folder / "fuzzed.au"  # Sun .au: never handed to a decoder
+    clips["au"].write_bytes(b".snd" + struct.pack(">IIIII", 24, 0xFFFFFFFF, 3, 8000, 200) + os.urandom(4000))
+    clips["rate_absurd"] = folder / "rate_absurd.wav"
+    clips["rate_absurd"].write_bytes(_wav_header(1, 2_000_000, 32000) + bytes(32000))
+    return clips
+
+
+_WORKER = """
+import json, resource, sys, time
+from engine.audio import resample_sinc, resample_soxr, to_mono
+from engine.errors import ReferenceAudioError
+from engine.reference import ReferenceRules, read_reference, reference_audio_32k, reference_wav16k
+import torch
+def peak_mb():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+resample_sinc(torch.zeros(1, 48000), 44100, 32000)  # the libraries' first-use memory is not a clip's
+base, out = peak_mb(), {}
+for name, path in json.loads(sys.argv[1]).items():
+    start = time.perf_counter()
+    try:
+        rules = ReferenceRules(fit="trim_pad", silence_dbfs=-200.0, min_active_seconds=0.001,
+                               max_clipped_fraction=1.0)
+        clip = read_reference(path, rules)
+        a32 = reference_audio_32k(clip)
+        reference_wav16k(clip)
+        resample_sinc(a32, 32000, 16000)
+        result = "read"
+    except ReferenceAudioError as e:
+        result = "refused: " + str(e)
+    out[name] = [result, time.perf_counter() - start, peak_mb() - base]
+print(json.dumps(out))
+"""
+
+
+def test_hostile_clips_stay_within_memory_and_time(tmp_path) -> None:
+    clips = hostile_clips(tmp_path)
+    done = subprocess.run([sys.executable, "-c", _WORKER, json.dumps({k: str(v) for k, v in clips.items()})],
+                          capture_output=True, text=True, timeout=300, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    for name, (result, seconds, growth_mb) in results.items():
+        assert seconds < MAX_SECONDS, (name, result, seconds)
+        assert growth_mb < MAX_GROWTH_MB, (name, result, growth_mb)  # the peak only grows: each case is under it
+    assert results["odd_rate"][0] == "read" and results["odd_rate_high"][0] == "read"  # resampled, not refused
+    assert f"at most {MAX_CHANNELS}" in results["channels_255"][0]
+    assert "refused" in results["declared_huge"][0] and "refused" in results["au"][0]
+    assert "sample rate" in results["rate_absurd"][0]
+
+
+def test_odd_rates_resample_through_soxr_and_agree_with_the_sinc_kernel() -> None:
+    assert sinc_kernel_size(16022, 32000) > 100_000_000  # what torchaudio would build
+    assert sinc_kernel_size(44100, 32000) < 200_000
+    out = resample_sinc(torch.from_numpy(_tone(1, 16022)[:, 0])[None], 16022, 32000)
+    assert out.shape[0] == 1 and abs(out.shape[-1] - 32000) <= 2
+    # a band-limited tone comes out the same as through a standard rate's kernel, within resampler error
+    ref = resample_sinc(torch.from_numpy(_tone(1, 16000)[:, 0])[None], 16000, 32000)
+    n = min(out.shape[-1], ref.shape[-1]) - 200
+    assert float((out[0, 100:n] - ref[0, 100:n]).abs().max()) < 0.05
+
+
+def test_only_the_four_containers_reach_the_decoder(tmp_path) -> None:
+    buf = io.BytesIO()
+    sf.write(buf, _tone(0.1, 16000), 16000, format="FLAC")
+    assert audio_format(buf.getvalue()[:16]) == "flac"
+    assert audio_format(b"RIFF\x00\x00\x00\x00WAVE") == "wav" and audio_format(b"OggS") == "ogg"
+    assert audio_format(b"ID3\x04") == "mp3" and audio_format(b"\xff\xfb\x90") == "mp3"
+    assert audio_format(b".snd") is None and audio_format(b"FORM") is None
+    aiff = tmp_path / "clip.aiff"
+    sf.write(aiff, _tone(3.5, 16000), 16000, format="AIFF")
+    with pytest.raises(ReferenceAudioError, match="cannot read audio"):
+        read_audio(aiff)
+    fifo = tmp_path / "fifo.wav"
+    os.mkfifo(fifo)
+    with pytest.raises(ReferenceAudioError, match="not a regular file"):
+        read_audio(fifo)
+
+
+def test_a_wave_module_file_still_reads(tmp_path) -> None:
+    path = tmp_path / "plain.wav"
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(2)
+        w.setsampwidth(2)
+        w.setframerate(22050)
+        w.writeframes((np.zeros((22050, 2)) + 1000).astype("<i2").tobytes())
+    audio = read_audio(path)
+    assert audio.samples.shape == (2, 22050) and audio.sample_rate == 22050
