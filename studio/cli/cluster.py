@@ -45,7 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     flag("--weights-dir", dest="weight_dirs", action="append", metavar="DIR",
          help="folder weights may be loaded from (repeatable; default: as serve)")
     flag("--workers", type=int, help=f"syntheses computed at once per replica (default {C.workers})")
-    flag("--max-queue", type=int, help=f"requests waiting per replica; more get 503 (default {C.max_queue})")
+    flag("--max-queue", type=int, help="requests waiting per replica; more get 503 (default: auto, as many as "
+         "the replica's decoding slots and queue hold)")
     flag("--max-upload-mb", type=float, help=f"request body limit in MiB (default {C.max_upload_bytes / (1 << 20):g})")
     flag("--max-tokens-per-sentence", type=int, help="cap semantic tokens per sentence (default: the GPT file's)")
     parser.add_argument("--no-voice-uploads", dest="voice_uploads", action="store_const", const=False,

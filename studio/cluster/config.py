@@ -57,7 +57,7 @@ class ClusterConfig:
     # the defaults are the HTTP server's (studio.http.limits.ServerLimits), per replica
     max_upload_bytes: int = ServerLimits.max_upload_bytes
     workers: int = ServerLimits.workers  # syntheses computed at once per replica
-    max_queue: int = ServerLimits.max_queue  # per replica
+    max_queue: int | None = ServerLimits.max_queue  # per replica (None: sized from the engine, as serve)
     max_pending_chunks: int = ServerLimits.max_pending_chunks
     max_tokens_per_sentence: int | None = ServerLimits.max_tokens_per_sentence
     max_text_chars: int | None = None  # None: EngineSettings' default
