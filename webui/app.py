@@ -383,8 +383,10 @@ def _notice(studio, settings: UISettings, locale: str) -> str:
     if settings.notice:
         lines.append(f"> {settings.notice}")
     problem, command = getattr(studio, "g2pw_fix", ("", ""))
-    if problem:
-        lines.append(i18n.text("g2pw_missing", locale, problem=problem, command=command))
+    if problem:  # server paths never reach the page: the model folder is named, not shown
+        base = str(studio.default_weights.base_dir)
+        lines.append(i18n.text("g2pw_missing", locale, problem=problem.replace(base, "<model folder>"),
+                               command=command.replace(base, "<model folder>")))
     if settings.random_weights:
         tokens = settings.max_tokens_per_sentence or 0
         lines.append(i18n.text("random_weights", locale, tokens=tokens or "∞", seconds=f"{tokens / 25:g}"))

@@ -99,7 +99,9 @@ def test_without_g2pw_every_front_door_says_so_once(tmp_path, capsys) -> None:
     assert err.count("pypinyin") == 1
     assert f"sovits-studio download --g2pw --root {tmp_path}" in err
     page = _notice(studio, UISettings(), "en")
-    assert "pypinyin" in page and f"sovits-studio download --g2pw --root {tmp_path}" in page
+    # the page names the command but no server path (issue 24: paths never leave the server)
+    assert "pypinyin" in page and "sovits-studio download --g2pw --root <model folder>" in page
+    assert str(tmp_path) not in page
     assert "pypinyin" in _notice(studio, UISettings(), "zh-CN")
 
 
