@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import re
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -23,7 +22,7 @@ from engine.options import EngineSettings
 from engine.pipeline import Studio
 from engine.readiness import Readiness
 from engine.warmup import WarmupSettings, warm_up_in_background
-from tests.serving.test_recovery import FakeGraphDecoder, _fail_once
+from tests.serving.test_recovery import FakeGraphDecoder, _fail_once, hold_rebuild
 from tests.support.server import reference_wav, running_server
 from tests.support.synth import studio as shared_studio
 
@@ -108,15 +107,7 @@ def test_health_reports_degraded_while_rebuilding(served) -> None:
         assert studio.readiness.wait(120)
         sched = studio.scheduler(studio.cloner().models)
         _fail_once(sched.decoder, at_call=2)
-        release, building = threading.Event(), threading.Event()
-        make = sched._make_decoder
-
-        def slow_make():
-            building.set()
-            release.wait(60)
-            return make()
-
-        sched._make_decoder = slow_make  # type: ignore[method-assign]
+        release, building = hold_rebuild(sched)
         with ThreadPoolExecutor(1) as pool:
             failing = pool.submit(_tts, client, url, 9)
             assert building.wait(60)

@@ -62,6 +62,20 @@ def _fail_once(decoder: SlotDecoder, at_call: int, proceed: threading.Event | No
     return failed
 
 
+def hold_rebuild(sched) -> tuple[threading.Event, threading.Event]:
+    """Make ``sched``'s next rebuild wait: returns (release, building); ``building`` is set once it waits."""
+    release, building = threading.Event(), threading.Event()
+    make = sched._make_decoder
+
+    def slow_make():
+        building.set()
+        release.wait(60)
+        return make()
+
+    sched._make_decoder = slow_make  # type: ignore[method-assign]
+    return release, building
+
+
 def test_a_failed_step_fails_only_its_request_and_the_scheduler_serves_on() -> None:
     baseline = _studio(scheduler_slots=1)
     try:
@@ -103,15 +117,7 @@ def test_the_engine_says_degraded_while_it_rebuilds() -> None:
     try:
         sched = studio.scheduler(studio.cloner().models)
         _fail_once(sched.decoder, at_call=2)
-        release, building = threading.Event(), threading.Event()
-        make = sched._make_decoder
-
-        def slow_make():
-            building.set()
-            release.wait(60)
-            return make()
-
-        sched._make_decoder = slow_make  # type: ignore[method-assign]
+        release, building = hold_rebuild(sched)
         results = studio.synthesize(TEXT, "en", _reference(), _options(seed=1))
         reader = threading.Thread(target=lambda: pytest.raises(StepFailedError, list, results))
         reader.start()
