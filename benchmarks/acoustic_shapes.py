@@ -44,8 +44,6 @@ def backend(name: str):
 
 
 def rows_for(sovits, lengths: list[int], seed: int) -> list[dict]:
-    from engine.acoustic.streaming import decode_streaming_batch  # noqa: F401 - the row layout it takes
-
     dev, dt = next(sovits.parameters()).device, next(sovits.parameters()).dtype
     g = torch.Generator().manual_seed(seed)
     out = []
@@ -105,7 +103,7 @@ def main() -> int:
                         outs[name] = decode_streaming_batch(sovits, rows)
                 diff = max(float((a[0].float() - c[0].float()).abs().max()) for a, c in zip(outs["cudnn"], outs["native"]))
                 print(f"{precision} batch {b:3d} max |cudnn - native| audio difference {diff:.3g}", flush=True)
-        del sovits
+        sovits = None  # free it before the next precision's copy
     return 0
 
 
