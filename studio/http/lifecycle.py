@@ -152,15 +152,44 @@ class HeaderTimeoutProtocol(H11Protocol):
             self.transport.close()
 
 
+FD_MARGIN = 256  # open files the process keeps beside its connections (models, logs, uploads, libraries)
+
+
+def fit_open_files(connections: int) -> int:
+    """Raise this process's open-files limit so ``connections`` sockets fit beside its other files (up to the
+    hard limit); returns the number of connections that fit (``connections``, or fewer with a warning)."""
+    try:
+        import resource
+    except ImportError:  # no such limit here (Windows)
+        return connections
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = connections + FD_MARGIN
+    if soft != resource.RLIM_INFINITY and soft < want:
+        target = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    if soft != resource.RLIM_INFINITY and soft < want:
+        fit = max(1, soft - FD_MARGIN)
+        log.warning("this process may open %d files (hard limit %s): serving at most %d connections, not %d "
+                    "(raise `ulimit -n`)", soft, hard, fit, connections)
+        return fit
+    return connections
+
+
 def uvicorn_config(app: Any, host: str, port: int, limits: ServerLimits, **extra: Any) -> uvicorn.Config:
-    """A uvicorn config that applies ``limits`` (see the module docstring)."""
+    """A uvicorn config that applies ``limits`` (see the module docstring); raises the open-files limit so
+    ``max_connections`` sockets fit."""
     protocol = type("HeaderTimeoutProtocol", (HeaderTimeoutProtocol,),
                     {"header_timeout": limits.header_timeout_s, "per_client": limits.max_connections_per_client,
                      "clients": {}})  # this server's count of connections per client address
     # h11 buffers an incomplete request head up to this size: room for every header the guard accepts (it
     # answers 414/431 above its limits); a head larger still is refused by uvicorn (400) and never buffered
     head = limits.max_header_bytes + 2 * limits.max_header_line_bytes
-    return uvicorn.Config(app, host=host, port=port, http=protocol, limit_concurrency=limits.max_connections,
+    return uvicorn.Config(app, host=host, port=port, http=protocol,
+                          limit_concurrency=fit_open_files(limits.max_connections),
                           h11_max_incomplete_event_size=head, timeout_keep_alive=max(1, round(limits.keep_alive_s)),
                           timeout_graceful_shutdown=max(1, round(limits.shutdown_grace_s + CUT_MARGIN_S)), **extra)
 

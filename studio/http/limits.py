@@ -41,9 +41,11 @@ class ServerLimits:
     header_timeout_s: float = 10.0  # a connection must send its request headers within this; else it is closed
     body_timeout_s: float = 30.0  # a request body must arrive completely within this (in total); else 408
     keep_alive_s: float = 5.0  # an idle keep-alive connection is closed after this
-    max_connections: int = 512  # open connections + running requests; beyond, uvicorn answers 503 (idle
-    # connections are closed first, oldest first, to make room)
-    max_connections_per_client: int = 256  # open connections from one client address; more: 503 and closed
+    max_connections: int = 2048  # open connections + running requests; beyond, uvicorn answers 503 (idle
+    # connections are closed first, oldest first, to make room). Sized for a GPU's admission (hundreds of
+    # streams); the server raises its open-files limit to fit, or lowers this with a warning
+    max_connections_per_client: int = 1024  # open connections from one client address; more: 503 and closed.
+    # The listeners of one demo link share the address of its tunnel or proxy, so this is not small
     # ---- work ----------------------------------------------------------------------------------
     request_timeout_s: float = 600.0  # one synthesis request, admission to last byte; then 504 (or the
     # stream ends with an error) and its work is cancelled

@@ -158,3 +158,24 @@ def test_a_connection_sending_its_head_at_shutdown_gets_a_503_not_a_bare_close(t
         finally:
             half.close()
             running.close()
+
+
+def test_the_server_raises_its_open_files_limit_to_fit_its_connections(monkeypatch, caplog) -> None:
+    import resource
+
+    from studio.http.lifecycle import FD_MARGIN, fit_open_files
+
+    limits = {"soft": 1024, "hard": 1_000_000}
+    monkeypatch.setattr(resource, "getrlimit", lambda kind: (limits["soft"], limits["hard"]))
+
+    def setrlimit(kind, values):
+        if values[0] > limits["hard"]:
+            raise ValueError("not allowed")
+        limits["soft"] = values[0]
+
+    monkeypatch.setattr(resource, "setrlimit", setrlimit)
+    assert fit_open_files(2048) == 2048 and limits["soft"] == 2048 + FD_MARGIN
+    limits.update(soft=1024, hard=1024)  # a machine that cannot raise it: fewer connections, and a warning
+    with caplog.at_level("WARNING", logger="studio.http"):
+        assert fit_open_files(2048) == 1024 - FD_MARGIN
+    assert "ulimit -n" in caplog.text
