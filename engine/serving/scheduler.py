@@ -185,7 +185,7 @@ class Scheduler:
         """Capture the decode-step graph of every batch bucket now, on the decode loop at its next quiet
         moment and with the device to itself (engine.serving.gate); warm-up calls it before a server says it
         is ready, so that serving never captures. Returns the number of graphs captured (0 off CUDA)."""
-        if self.decoder is None or not self.decoder.uncaptured():
+        if not self.decoder.uncaptured():
             return 0
         before = self.decoder.captures
         with self._cv:
@@ -232,8 +232,6 @@ class Scheduler:
     @property
     def kv_bytes(self) -> int:
         """Device bytes of the slot pool's KV cache (what closing this scheduler releases)."""
-        if self.decoder is None:  # a failed rebuild
-            return 0
         return self.decoder.k.numel() * self.decoder.k.element_size() * 2
 
     @property
@@ -282,7 +280,7 @@ class Scheduler:
         while True:
             with self._cv:
                 while (not self._closed and not self._n and not self._arrivals and not self._cancelled
-                       and not self._capture_wanted and not (self.decoder is not None and self.decoder.missing)):
+                       and not self._capture_wanted and not self.decoder.missing):
                     self._cv.wait()
                 if self._closed:
                     break
@@ -299,8 +297,7 @@ class Scheduler:
                     with self.gate.work():
                         self._decode_step()
                     self.t2s_seconds += time.perf_counter() - t0
-                elif (not self._arrivals and self.decoder is not None
-                      and (self._capture_wanted or self.decoder.missing)):
+                elif not self._arrivals and (self._capture_wanted or self.decoder.missing):
                     self._capture_quietly()
             except Exception as e:
                 self._recover(e, arrivals)
@@ -342,8 +339,7 @@ class Scheduler:
             request.finish(failure)
         try:
             with self.gate.capture():  # nothing else on the device while its memory is given back and retaken
-                if self.decoder is not None:
-                    self.decoder.release()  # free the KV pool before the new one is allocated
+                self.decoder.release()  # free the KV pool before the new one is allocated (unusable after)
                 if self.models.device.type == "cuda":
                     torch.cuda.empty_cache()
                 self.decoder = self._make_decoder()

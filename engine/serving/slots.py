@@ -272,6 +272,7 @@ class SlotDecoder:
         self.k, self.v = empty, empty
         self._graphs, self._pool = {}, None
         self.use_graph, self.buckets = False, ()
+        self.missing.clear()
 
     # ---- bookkeeping --------------------------------------------------------------------------
     @torch.inference_mode()
