@@ -30,6 +30,7 @@ def application(config: ClusterConfig):
     state = serve.deployment(ClusterState, name="ClusterState", num_replicas=1, ray_actor_options={"num_cpus": 0},
                              logging_config=quiet, **watched).bind(ModelSet.of(weights.gpt, weights.sovits),
                                                         stale_after_s=max(5.0, 5 * config.report_interval_s),
+                                                        late_after_s=3 * config.report_interval_s,
                                                         state_file=str(state_file) if state_file else None,
                                                         deployment=deployment)
     replicas = serve.deployment(Synthesizer, name="Synthesizer", **config.synthesizer_options()).bind(config, state)

@@ -82,10 +82,12 @@ class DefaultsFile:
 class ClusterState:
     """The default model set, versioned and saved, and the replicas' reports (async methods: Serve runs them
     on the replica's event loop, one at a time). A replica whose last report is older than ``stale_after_s``
-    (by this process's clock) counts as gone: a dead one stops reporting."""
+    (by this process's clock) counts as gone: a dead one stops reporting. One silent for ``late_after_s``
+    (a few report intervals) may be gone: a new replica warms its sets too, since Serve often starts the
+    replacement of a killed replica before the dead one counts as gone."""
 
     def __init__(self, defaults: ModelSet, stale_after_s: float = 5.0, state_file: str | None = None,
-                 deployment: str = "") -> None:
+                 deployment: str = "", late_after_s: float | None = None) -> None:
         self._file = DefaultsFile(state_file, deployment)
         saved = self._file.read()
         if saved is not None and saved != defaults:
@@ -96,6 +98,7 @@ class ClusterState:
         self._lost = 0  # requests the gateways answered 503 because their replica stopped
         self._lock = threading.Lock()
         self.stale_after_s = stale_after_s
+        self.late_after_s = min(stale_after_s, late_after_s if late_after_s is not None else stale_after_s / 2)
 
     async def defaults(self) -> Defaults:
         return self._defaults
@@ -119,13 +122,20 @@ class ClusterState:
 
     async def wanted_sets(self, limit: int) -> list[str]:
         """What a new replica should load before it takes traffic: the default set, then the sets of
-        replicas that went away (most recent first), at most ``limit``."""
+        replicas that went away (most recent first), then the sets held only by replicas that have been
+        silent for ``late_after_s`` (most recently silent first), at most ``limit``."""
         with self._lock:
-            self._prune()
+            now = self._prune()
             wanted = [self._defaults.models.id]
             for model_id, _ in sorted(self._departed.items(), key=lambda x: -x[1]):
                 if model_id not in wanted:
                     wanted.append(model_id)
+            live = {m for r, t in self._reports.values() if now - t <= self.late_after_s for m in r.model_sets}
+            for report, _ in sorted((x for x in self._reports.values() if now - x[1] > self.late_after_s),
+                                    key=lambda x: -x[1]):
+                for model_id in report.model_sets:
+                    if model_id not in wanted and model_id not in live:
+                        wanted.append(model_id)
             return wanted[:limit]
 
     async def count_lost(self) -> None:

@@ -119,6 +119,20 @@ def test_a_new_replica_is_told_to_warm_the_defaults_then_the_sets_of_replicas_th
     assert asyncio.run(state.wanted_sets(1)) == [a.id]
 
 
+def test_a_replacement_started_before_the_dead_replica_counts_as_gone_warms_its_sets():
+    """Serve may start the replacement of a killed replica within the dead one's staleness window: the sets
+    that only silent replicas hold are wanted too (a set a reporting replica holds is not)."""
+    a, b, c, d = (ModelSet(f"/{x}.ckpt", f"/{x}.pth") for x in "abcd")
+    state = ClusterState(a, stale_after_s=60.0, late_after_s=0.2)
+    asyncio.run(state.report(ReplicaReport("r1", 1, "n", "h", "cpu", (a.id, b.id, d.id), 0, 0, "")))
+    asyncio.run(state.report(ReplicaReport("r2", 2, "n", "h", "cpu", (c.id, d.id), 0, 0, "")))
+    assert asyncio.run(state.wanted_sets(4)) == [a.id]
+    time.sleep(0.3)
+    asyncio.run(state.report(ReplicaReport("r2", 2, "n", "h", "cpu", (c.id, d.id), 0, 0, "")))
+    assert asyncio.run(state.wanted_sets(4)) == [a.id, b.id]  # r1 is silent; d is still held by r2
+    assert len(asyncio.run(state.replicas())) == 2  # silent is not gone: /health still lists r1
+
+
 # ---- settings ----------------------------------------------------------------------------------
 
 
