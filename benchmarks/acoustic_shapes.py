@@ -3,7 +3,9 @@ re-encodes its sentence so far, and every sentence is another length), by convol
 
 * ``cudnn``: PyTorch's default (cuDNN picks and builds an execution plan for every new shape);
 * ``native``: cuDNN off for the call (PyTorch's own im2col + cuBLAS convolutions: no per-shape plan);
-* ``cudnn-same``: cuDNN on one repeated shape (the plans cached: what a benchmark of one shape sees).
+* ``cudnn-same``: cuDNN on one repeated shape (the plans cached: what a benchmark of one shape sees);
+* ``cudnn-buckets``: cuDNN on new lengths padded to the scheduler's shape buckets (``buckets=True``, what
+  serving does on CUDA): each bucket builds its plans once.
 
 Prints the median milliseconds per call, single and batched, and the largest difference between the
 backends' audio (float32 and the chosen precision).
@@ -81,14 +83,15 @@ def main() -> int:
         sovits = load(args.version, args.device, precision, root)
         with torch.inference_mode():
             for b in (int(x) for x in args.batches.split(",")):
-                for name in ("cudnn", "native", "cudnn-same"):
+                for name in ("cudnn", "native", "cudnn-same", "cudnn-buckets"):
                     times = []
                     for call in range(args.calls + 2):
                         base = 40 + 13 * call if name != "cudnn-same" else 200
                         lengths = [base + 7 * i for i in range(b)] if name != "cudnn-same" else [200] * b
                         rows = rows_for(sovits, lengths, call)
                         with backend(name):
-                            ms = timed(lambda: decode_streaming_batch(sovits, rows), sync)
+                            ms = timed(lambda: decode_streaming_batch(sovits, rows, buckets=name == "cudnn-buckets"),
+                                       sync)
                         if call >= 2:
                             times.append(ms)
                     results[(precision, b, name)] = statistics.median(times)

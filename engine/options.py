@@ -257,12 +257,15 @@ class EngineSettings:
     # convolutions of the acoustic stages and reference preparation (engine.runtime.conv_backend): "auto" /
     # "cudnn" (cuDNN on CUDA), "native" (PyTorch's own: no cuDNN plan per new length, slower in batches)
     conv_backend: str = "auto"
+    # streaming chunks voiced in batches (CUDA) are padded to bucketed shapes, so convolution plans are reused
+    acoustic_buckets: bool = True
 
     def __post_init__(self) -> None:
         if self.conv_backend not in ("auto", "cudnn", "native"):
             raise OptionsError(f"conv_backend must be auto, cudnn or native, got {self.conv_backend!r}")
-        if not isinstance(self.scheduler, bool):
-            raise OptionsError(f"scheduler must be true or false, got {self.scheduler!r}")
+        for name in ("scheduler", "acoustic_buckets"):
+            if not isinstance(getattr(self, name), bool):
+                raise OptionsError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if not _is_int(self.scheduler_context) or self.scheduler_context < 64:
             raise OptionsError(f"scheduler_context must be an integer >= 64, got {self.scheduler_context!r}")
         for name in ("reference_cache_entries", "reference_cache_bytes", "model_pool_bytes", "max_text_chars",

@@ -930,7 +930,8 @@ class Studio:
             if sched is None or sched.models.t2s is not models.t2s:  # reloaded weights: a new scheduler
                 s = self.settings
                 sched = Scheduler(models, SchedulerConfig(slots=s.scheduler_slots, queue=s.scheduler_queue,
-                                                          context=s.scheduler_context, conv_backend=s.conv_backend),
+                                                          context=s.scheduler_context, conv_backend=s.conv_backend,
+                                                          acoustic_buckets=s.acoustic_buckets),
                                   gate=self.gate, on_event=self._count, fallback=self.fallback)
                 old = self._schedulers.pop(models.id, None)
                 if old is not None:

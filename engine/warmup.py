@@ -8,6 +8,7 @@ the second request on a CPU. :func:`warm_up` does that work before a server says
   file itself sets to other weights that exist), it runs one short synthesis through the normal
   ``Studio.synthesize`` path: a synthetic reference clip, a short sentence in the first language of
   ``WarmupSettings.languages``, a few semantic tokens;
+* it synthesises that sentence again, streamed, so that the chunk decodes' first shapes are met too;
 * it does the same in each other language of ``WarmupSettings.languages`` (reference and text in it), and
   runs the language check the servers apply to every text;
 * on CUDA, the decode-step graph of every batch bucket of every scheduler is captured at the end
@@ -123,6 +124,8 @@ def warm_up(studio, weight_sets: Sequence | None = None, settings: WarmupSetting
                 if lang != first and lang not in languages(version):
                     continue
                 _synthesize_once(studio, weights, clip, lang, options)
+                if lang == first:  # and streamed: the chunk decodes' shapes (their convolution plans) of one client
+                    _synthesize_once(studio, weights, clip, lang, options.replace(streaming_mode=True))
             check_text_language(WARMUP_TEXT.get(first, WARMUP_TEXT["en"]), first)  # the servers' language note
             done.append(version)
             log.info("warmed up %s", label)

@@ -224,29 +224,53 @@ def encode_text(sovits, text: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return enc.encoder_text(t * text_mask, text_mask)
 
 
+BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)  # batch sizes of a bucketed acoustic round
+
+
+def width_bucket(n: int) -> int:
+    """``n`` frames rounded up to a shape bucket: a multiple of 16 up to 64, then four buckets per octave (at
+    most 25% padding). Bucketed decodes repeat a few shapes, so the convolution plans (cuDNN builds one for
+    every new input shape, tens of milliseconds for a decode) are built once and reused."""
+    if n <= 64:
+        return max(16, -(-n // 16) * 16)
+    step = (1 << ((n - 1).bit_length() - 1)) // 4
+    return -(-n // step) * step
+
+
+def batch_bucket(n: int) -> int:
+    """``n`` rows rounded up to :data:`BATCH_BUCKETS` (beyond its end: ``n``)."""
+    return next((b for b in BATCH_BUCKETS if b >= n), n)
+
+
 @torch.no_grad()
-def decode_streaming_batch(sovits, rows: Sequence[dict], noise_scale: float = 0.5,
+def decode_streaming_batch(sovits, rows: Sequence[dict], noise_scale: float = 0.5, buckets: bool = False,
                            ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """:func:`decode_streaming` for several independent streams at once (speed 1), right-padded with masks.
 
     Each row: ``codes`` (N,) all tokens so far, ``text`` (P,), ``ge`` (1, gin, 1) of its sentence,
     ``result_length`` (tokens from the end, or None), ``overlap_frames`` (1, hidden, 2*ov) or None,
-    ``generator``. Returns per row (audio (samples,), latent (1, hidden, frames)). The encoders are
-    masked, so padding changes nothing there beyond rounding; the HiFi-GAN decoder is not, so the
-    last samples of a padded row may differ slightly from a decode of that row alone.
+    ``generator``. Returns per row (audio (samples,), latent (1, hidden, frames)). Every stage is masked
+    (the encoders and flow as officially, the HiFi-GAN decoder through its ``mask``), so a row's numbers are
+    those of :func:`decode_streaming` on it alone, up to rounding. ``buckets``: pad every width to
+    :func:`width_bucket` and the batch to :func:`batch_bucket` (extra rows repeat the first, without
+    drawing noise), so that the shapes repeat.
     """
     enc = sovits.enc_p
     dev = rows[0]["codes"].device
     frame = 2 if sovits.dims.semantic_frame_rate == "25hz" else 1
+    real = len(rows)
+    if buckets:
+        rows = [*rows, *({**rows[0], "generator": None, "dummy": True} for _ in range(batch_bucket(real) - real))]
+    fit = width_bucket if buckets else (lambda n: n)
     quantized = [sovits.quantizer.decode(r["codes"].view(1, 1, -1)) for r in rows]  # (1, 768, N)
     if frame == 2:
         quantized = [F.interpolate(q, size=int(q.shape[-1] * 2), mode="nearest") for q in quantized]
-    lengths = torch.tensor([r["codes"].numel() * 2 for r in rows], device=dev)
-    width = max(q.shape[-1] for q in quantized)
+    lengths = torch.tensor([q.shape[-1] for q in quantized], device=dev)
+    width = fit(max(q.shape[-1] for q in quantized))
     y = torch.cat([F.pad(q, (0, width - q.shape[-1])) for q in quantized])  # (B, 768, T)
     y_mask = sequence_mask(lengths, width).unsqueeze(1).to(y.dtype)
     text_lengths = torch.tensor([r["text"].numel() for r in rows], device=dev)
-    p = int(text_lengths.max())
+    p = fit(int(text_lengths.max()))
     ge = torch.cat([r["ge"] for r in rows])  # (B, gin, 1)
     ge_enc = sovits.ge_to512(ge.transpose(2, 1)).transpose(2, 1) if sovits.dims.is_pro else ge
     y = enc.ssl_proj(y * y_mask) * y_mask
@@ -257,9 +281,9 @@ def decode_streaming_batch(sovits, rows: Sequence[dict], noise_scale: float = 0.
     t = enc.encoder_text(t * text_mask, text_mask)
     y = enc.mrte(y, y_mask, t, text_mask, ge_enc)
     y = enc.encoder2(y * y_mask, y_mask)
-    crops, latents = [], []
+    crops = []
     for i, r in enumerate(rows):  # the newest frames of each row, cross-faded with its previous latent
-        end = int(lengths[i]) if frame == 2 else y.shape[-1]
+        end = int(lengths[i])
         keep = end if r["result_length"] is None else frame * r["result_length"]
         c = y[i : i + 1, :, end - keep : end].clone()
         if r["overlap_frames"] is not None:
@@ -267,20 +291,22 @@ def decode_streaming_batch(sovits, rows: Sequence[dict], noise_scale: float = 0.
             window = torch.sin(torch.arange(ov * 2, device=dev) * math.pi / (ov * 2)).to(c.dtype)
             c[:, :, :ov] = window[:ov].view(1, 1, -1) * c[:, :, :ov] + window[ov:].view(1, 1, -1) * r["overlap_frames"]
         crops.append(c)
-        latents.append(c)
     out_lengths = torch.tensor([c.shape[-1] for c in crops], device=dev)
-    width = int(out_lengths.max())
+    width = fit(int(out_lengths.max()))
     y = torch.cat([F.pad(c, (0, width - c.shape[-1])) for c in crops])
     mask = sequence_mask(out_lengths, width).unsqueeze(1).to(y.dtype)
     stats = enc.proj(y) * mask
     m_p, logs_p = torch.split(stats, enc.out_channels, dim=1)
-    noise = torch.cat([F.pad(torch.randn((1, m_p.shape[1], c.shape[-1]), generator=r["generator"], device=dev,
-                                         dtype=m_p.dtype), (0, width - c.shape[-1])) for r, c in zip(rows, crops)])
+    noise = torch.cat([
+        torch.zeros((1, m_p.shape[1], width), device=dev, dtype=m_p.dtype) if r.get("dummy") else
+        F.pad(torch.randn((1, m_p.shape[1], c.shape[-1]), generator=r["generator"], device=dev, dtype=m_p.dtype),
+              (0, width - c.shape[-1]))
+        for r, c in zip(rows, crops)])
     z_p = m_p + noise * torch.exp(logs_p) * noise_scale
     z = sovits.flow.reverse(z_p, mask, g=ge)
-    audio = sovits.dec(z * mask, g=ge)[:, 0]  # (B, width * up)
+    audio = sovits.dec(z * mask, g=ge, mask=mask)[:, 0]  # (B, width * up)
     up = audio.shape[-1] // width
-    return [(audio[i, : int(out_lengths[i]) * up], latents[i]) for i in range(len(rows))]
+    return [(audio[i, : int(out_lengths[i]) * up], crops[i]) for i in range(real)]
 
 STREAM_MIN_CHUNK = 10  # official: a non-first streaming chunk shorter than this gets extra overlap
 
@@ -376,12 +402,14 @@ class SentenceStream:
 
 @torch.no_grad()
 def voice_together(streams: Sequence[SentenceStream], chunks: Sequence[tuple[Sequence[int], bool]],
-                   ) -> list[torch.Tensor]:
+                   buckets: bool = False) -> list[torch.Tensor]:
     """One chunk for each of several different sentence streams, decoded in one batch where they share
-    a model and speed 1 (else one by one). Returns each stream's audio, as :meth:`SentenceStream.voice`."""
-    if len(streams) == 1 or any(s.speed != 1.0 or s.sovits is not streams[0].sovits for s in streams):
+    a model and speed 1 (else one by one). Returns each stream's audio, as :meth:`SentenceStream.voice`.
+    ``buckets``: decode in bucketed shapes (:func:`decode_streaming_batch`), a single stream too."""
+    if (len(streams) == 1 and not buckets) or any(s.speed != 1.0 or s.sovits is not streams[0].sovits
+                                                  for s in streams):
         return [s.voice(t, f) for s, (t, f) in zip(streams, chunks)]
     plans = [s._plan(t, f) for s, (t, f) in zip(streams, chunks)]
     rows = [{**p, "ge": s.style} for s, p in zip(streams, plans)]
-    decoded = decode_streaming_batch(streams[0].sovits, rows)
+    decoded = decode_streaming_batch(streams[0].sovits, rows, buckets=buckets)
     return [s._finish(p, audio, latent) for s, p, (audio, latent) in zip(streams, plans, decoded)]

@@ -40,12 +40,18 @@ class ResBlock1(nn.Module):
             for _ in dilation
         )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """``mask`` (B, 1, T): zero every conv's input past each row's length, so a right-padded row gives
+        the numbers of the row alone (whose convs see zeros there); positions past the length are garbage."""
         for c1, c2 in zip(self.convs1, self.convs2):
-            xt = c1(F.leaky_relu(x, LRELU_SLOPE))
-            xt = c2(F.leaky_relu(xt, LRELU_SLOPE))
+            xt = c1(_masked(F.leaky_relu(x, LRELU_SLOPE), mask))
+            xt = c2(_masked(F.leaky_relu(xt, LRELU_SLOPE), mask))
             x = xt + x
         return x
+
+
+def _masked(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    return x if mask is None else x * mask
 
 
 class Generator(nn.Module):
@@ -82,16 +88,23 @@ class Generator(nn.Module):
         if gin_channels:
             self.cond = nn.Conv1d(gin_channels, upsample_initial_channel, 1)
 
-    def forward(self, x: torch.Tensor, g: torch.Tensor | None = None) -> torch.Tensor:
-        x = self.conv_pre(x)
+    def forward(self, x: torch.Tensor, g: torch.Tensor | None = None, mask: torch.Tensor | None = None,
+                ) -> torch.Tensor:
+        """``mask`` (B, 1, T) of a right-padded batch: each row's first ``T_row * prod(upsample_rates)`` samples
+        are what the row alone gives (up to rounding: every conv input is zeroed past the row's length, as a
+        conv's own zero padding does for the row alone); later samples are garbage. None: the official
+        forward, unchanged."""
+        x = self.conv_pre(_masked(x, mask))
         if g is not None:
             x = x + self.cond(g)
         for i in range(self.num_upsamples):
-            x = self.ups[i](F.leaky_relu(x, LRELU_SLOPE))
+            x = self.ups[i](_masked(F.leaky_relu(x, LRELU_SLOPE), mask))
+            if mask is not None:  # a transposed conv of stride u with padding (k - u) / 2: frame t -> [u t, u t + u)
+                mask = mask.repeat_interleave(self.ups[i].stride[0], dim=2)
             xs = None
             for j in range(self.num_kernels):
-                r = self.resblocks[i * self.num_kernels + j](x)
+                r = self.resblocks[i * self.num_kernels + j](x, mask)
                 xs = r if xs is None else xs + r
             x = xs / self.num_kernels
-        x = self.conv_post(F.leaky_relu(x))  # default slope 0.01 here (official)
+        x = self.conv_post(_masked(F.leaky_relu(x), mask))  # default slope 0.01 here (official)
         return torch.tanh(x)

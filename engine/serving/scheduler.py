@@ -74,6 +74,9 @@ class SchedulerConfig:
     context: int = 2048  # positions per slot: prefix (phones + prompt tokens) + generated tokens
     memory_fraction: float = 0.5  # auto slots: this share of the free device memory goes to the KV cache
     conv_backend: str = "auto"  # the acoustic stage's convolutions (engine.runtime.conv_backend)
+    # where streaming chunks are voiced in batches (CUDA), pad each batch to bucketed shapes (a single chunk
+    # too), so that the convolutions meet a few shapes again and again instead of building plans for new ones
+    acoustic_buckets: bool = True
 
 
 @dataclass
@@ -601,12 +604,13 @@ class Scheduler:
             elif not (request.cancelled or request.finished):
                 live.append(job)
         chunks = [j for j in live if j[0] == "chunk" and j[3][0] is not None]
-        if self.batch_acoustic and len(chunks) > 1:
+        buckets = self.config.acoustic_buckets
+        if self.batch_acoustic and (len(chunks) > 1 or (chunks and buckets)):
             from engine.acoustic.streaming import voice_together
 
             try:
                 with torch.inference_mode():
-                    audios = voice_together([j[4] for j in chunks], [j[3] for j in chunks])
+                    audios = voice_together([j[4] for j in chunks], [j[3] for j in chunks], buckets=buckets)
             except Exception as e:
                 log.exception("acoustic stage failed")
                 self._event("acoustic_failure")

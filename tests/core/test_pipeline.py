@@ -419,3 +419,49 @@ def test_batch_is_voiced_in_one_decode_and_cut_at_token_boundaries():
     up = 2 * math.prod(m.sovits.dims.upsample_rates)
     assert [p.shape[0] for p in pieces] == [9 * up, 5 * up]
     torch.testing.assert_close(torch.cat(pieces), whole, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("version", ["v2", "v2ProPlus"])
+@pytest.mark.parametrize("buckets", [False, True])
+def test_a_batched_streaming_decode_gives_each_row_its_numbers_alone(version, buckets):
+    """Rows of different lengths (codes, phones, crops) decoded in one padded batch, bucketed or not, give
+    each row what decode_streaming gives it alone, up to float32 rounding: every stage is masked, the
+    HiFi-GAN decoder included (unmasked, its padding leaks into a row's last samples)."""
+    from engine.acoustic.streaming import decode_streaming, decode_streaming_batch
+
+    models = sup.studio(version).cloner().models
+    sovits = models.sovits
+    ref = VoiceCloner(models, ReferenceCache()).prepare(reference())
+    sv = list(ref.sv) if ref.sv is not None else None
+    ge = sovits.style_vector(list(ref.specs), sv)
+    shapes = [(14, 9, None, None), (23, 17, 6, 4), (9, 5, 3, 2)]  # tokens, phones, result_length, overlap frames
+    rows, want = [], []
+    for i, (n, p, keep, ov) in enumerate(shapes):
+        codes = torch.randint(0, 1024, (n,), generator=torch.Generator().manual_seed(10 + i))
+        phones = torch.randint(1, 300, (p,), generator=torch.Generator().manual_seed(20 + i))
+        overlap = None if ov is None else torch.randn(1, sovits.dims.hidden_channels, ov,
+                                                      generator=torch.Generator().manual_seed(30 + i))
+        audio, latent = decode_streaming(sovits, codes.view(1, 1, -1), phones.view(1, -1), list(ref.specs), sv,
+                                         result_length=keep, overlap_frames=overlap,
+                                         generator=torch.Generator().manual_seed(40 + i))
+        want.append((audio[0, 0], latent))
+        rows.append({"codes": codes, "text": phones, "ge": ge, "result_length": keep, "overlap_frames": overlap,
+                     "generator": torch.Generator().manual_seed(40 + i)})
+    got = decode_streaming_batch(sovits, rows, buckets=buckets)
+    assert len(got) == len(rows)
+    for (audio, latent), (want_audio, want_latent) in zip(got, want):
+        assert audio.shape == want_audio.shape
+        torch.testing.assert_close(latent, want_latent, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(audio, want_audio, rtol=1e-5, atol=1e-5)
+
+
+def test_shape_buckets_bound_the_padding():
+    from engine.acoustic.streaming import BATCH_BUCKETS, batch_bucket, width_bucket
+
+    for n in range(1, 3000):
+        b = width_bucket(n)
+        assert b >= n and (b <= 64 or b <= 1.25 * n), n
+        assert b % 16 == 0
+    assert len({width_bucket(n) for n in range(1, 1025)}) <= 4 + 4 * 4  # 16..64, then four per octave
+    assert [batch_bucket(n) for n in (1, 5, 7, 100, 128, 200)] == [1, 6, 8, 128, 128, 200]
+    assert all(b2 <= 2 * b1 for b1, b2 in zip(BATCH_BUCKETS, BATCH_BUCKETS[1:]))

@@ -87,12 +87,14 @@ def test_warm_up_synthesises_in_each_warm_up_language_and_runs_the_language_chec
     spoken, checked = [], []
     synthesize = studio.synthesize
 
-    def record(text, lang, reference, *args, **kwargs):
-        spoken.append((lang, reference.language))
-        return synthesize(text, lang, reference, *args, **kwargs)
+    def record(text, lang, reference, options, *args, **kwargs):
+        spoken.append((lang, reference.language, options.streaming_mode))
+        return synthesize(text, lang, reference, options, *args, **kwargs)
 
     monkeypatch.setattr(studio, "synthesize", record)
     check = language_check.check_text_language
     monkeypatch.setattr(language_check, "check_text_language", lambda *a, **k: checked.append(a) or check(*a, **k))
     report = warm_up(studio, None, WarmupSettings(languages=("zh", "en"), max_tokens=4))
-    assert report.errors == () and spoken == [("zh", "zh"), ("en", "en")] and checked
+    # the first language streamed too: the chunk decodes' shapes are met before the first client
+    assert report.errors == () and spoken == [("zh", "zh", False), ("zh", "zh", True), ("en", "en", False)]
+    assert checked

@@ -61,6 +61,45 @@ def test_a_request_is_the_same_alone_and_beside_others(stream) -> None:
         studio.close()
 
 
+def test_streams_voiced_in_bucketed_batches_get_their_audio_alone(monkeypatch) -> None:
+    """What the scheduler does on CUDA (the chunks of every stream voiced in one padded batch of bucketed
+    shapes, a lone chunk too), forced on the CPU: each stream's audio is what it gets alone (chunk by chunk),
+    up to float32 rounding."""
+    import engine.acoustic.streaming as streaming
+
+    batches: list[tuple[int, bool]] = []
+    decode = streaming.decode_streaming_batch
+
+    def spy(sovits, rows, *args, **kwargs):
+        batches.append((len(rows), kwargs.get("buckets", False)))
+        return decode(sovits, rows, *args, **kwargs)
+
+    studio = _studio(scheduler_slots=4)
+    try:
+        alone = [_run(studio, t, 7 + i, True, top_k=20) for i, t in enumerate(TEXTS)]
+        assert not batches  # the CPU voices chunk by chunk
+        monkeypatch.setattr(streaming, "decode_streaming_batch", spy)
+        studio.scheduler(studio.cloner().models).batch_acoustic = True
+        together: list = [None] * len(TEXTS)
+
+        def work(i: int) -> None:
+            together[i] = _run(studio, TEXTS[i], 7 + i, True, top_k=20)
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(len(TEXTS))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert batches and all(bucketed for _, bucketed in batches)
+        assert max(n for n, _ in batches) > 1  # streams shared a decode
+        for (tokens_a, audio_a, _), (tokens_b, audio_b, _) in zip(alone, together):
+            assert tokens_a == tokens_b
+            assert audio_a.shape == audio_b.shape
+            np.testing.assert_allclose(audio_b.astype(np.float64), audio_a.astype(np.float64), rtol=0, atol=2e-5)
+    finally:
+        studio.close()
+
+
 def test_greedy_tokens_match_the_reference_decoder() -> None:
     """top_k=1 leaves no randomness: the slot decoder must give the official naive loop's tokens."""
     studio = _studio(scheduler_slots=2)
