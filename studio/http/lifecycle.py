@@ -157,21 +157,12 @@ FD_MARGIN = 256  # open files the process keeps beside its connections (models, 
 
 def fit_open_files(connections: int) -> int:
     """Raise this process's open-files limit so ``connections`` sockets fit beside its other files (up to the
-    hard limit); returns the number of connections that fit (``connections``, or fewer with a warning)."""
-    try:
-        import resource
-    except ImportError:  # no such limit here (Windows)
-        return connections
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = connections + FD_MARGIN
-    if soft != resource.RLIM_INFINITY and soft < want:
-        target = want if hard == resource.RLIM_INFINITY else min(want, hard)
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            soft = target
-        except (ValueError, OSError):
-            pass
-    if soft != resource.RLIM_INFINITY and soft < want:
+    hard limit, or beyond it where the process may raise that too); returns the number of connections that
+    fit (``connections``, or fewer with a warning)."""
+    from studio.open_files import raise_open_files
+
+    soft, hard = raise_open_files(connections + FD_MARGIN)
+    if 0 <= soft < connections + FD_MARGIN:  # RLIM_INFINITY is -1 on Linux
         fit = max(1, soft - FD_MARGIN)
         log.warning("this process may open %d files (hard limit %s): serving at most %d connections, not %d "
                     "(raise `ulimit -n`)", soft, hard, fit, connections)

@@ -295,17 +295,13 @@ async def run_level(cfg: LoadConfig, target: Target, work: Workload, clients: in
 
 
 def raise_open_files_limit(needed: int) -> dict[str, int]:
-    """Raise this process's soft limit of open files to at least ``needed`` (up to the hard limit): one
-    socket per client, and the children it starts inherit it. Returns the limits before and after."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
-    if soft != resource.RLIM_INFINITY and soft < want:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
-        except (ValueError, OSError):
-            pass
-    new_soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    return {"soft_before": soft, "soft": new_soft, "hard": hard}
+    """Raise this process's soft limit of open files to at least ``needed`` (:func:`studio.open_files.raise_open_files`):
+    one socket per client, and the children it starts inherit it. Returns the limits before and after."""
+    from studio.open_files import raise_open_files
+
+    before = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    soft, hard = raise_open_files(needed)
+    return {"soft_before": before, "soft": soft, "hard": hard}
 
 
 async def _run(cfg: LoadConfig, log: Callable[[str], None],

@@ -168,14 +168,18 @@ def test_the_server_raises_its_open_files_limit_to_fit_its_connections(monkeypat
     limits = {"soft": 1024, "hard": 1_000_000}
     monkeypatch.setattr(resource, "getrlimit", lambda kind: (limits["soft"], limits["hard"]))
 
+    privileged = {"yes": False}
+
     def setrlimit(kind, values):
-        if values[0] > limits["hard"]:
+        if values[0] > values[1] or (values[1] > limits["hard"] and not privileged["yes"]):
             raise ValueError("not allowed")
-        limits["soft"] = values[0]
+        limits["soft"], limits["hard"] = values
 
     monkeypatch.setattr(resource, "setrlimit", setrlimit)
     assert fit_open_files(2048) == 2048 and limits["soft"] == 2048 + FD_MARGIN
     limits.update(soft=1024, hard=1024)  # a machine that cannot raise it: fewer connections, and a warning
     with caplog.at_level("WARNING", logger="studio.http"):
         assert fit_open_files(2048) == 1024 - FD_MARGIN
-    assert "ulimit -n" in caplog.text
+    assert "ulimit -n" in caplog.text and limits["hard"] == 1024
+    privileged["yes"] = True  # root (CAP_SYS_RESOURCE): the hard limit of the machine is no ceiling
+    assert fit_open_files(2048) == 2048 and limits["soft"] == limits["hard"] == 2048 + FD_MARGIN
