@@ -15,6 +15,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.nn.utils.rnn import pad_sequence
 
 from engine.models.sovits_modules import sequence_mask
 
@@ -262,20 +263,28 @@ def decode_streaming_batch(sovits, rows: Sequence[dict], noise_scale: float = 0.
     if buckets:
         rows = [*rows, *({**rows[0], "generator": None, "dummy": True} for _ in range(batch_bucket(real) - real))]
     fit = width_bucket if buckets else (lambda n: n)
-    quantized = [sovits.quantizer.decode(r["codes"].view(1, 1, -1)) for r in rows]  # (1, 768, N)
+    # one lookup for every row's codes (right-padded; the padding is masked below), one nearest 2x
+    n_codes = [r["codes"].numel() for r in rows]
+    codes = pad_sequence([r["codes"].view(-1) for r in rows], batch_first=True)  # (B, N)
+    quantized = sovits.quantizer.decode(codes.unsqueeze(0))  # (B, 768, N)
     if frame == 2:
-        quantized = [F.interpolate(q, size=int(q.shape[-1] * 2), mode="nearest") for q in quantized]
-    lengths = torch.tensor([q.shape[-1] for q in quantized], device=dev)
-    width = fit(max(q.shape[-1] for q in quantized))
-    y = torch.cat([F.pad(q, (0, width - q.shape[-1])) for q in quantized])  # (B, 768, T)
+        quantized = F.interpolate(quantized, size=int(quantized.shape[-1] * 2), mode="nearest")
+    lengths = torch.tensor([frame * n for n in n_codes], device=dev)
+    width = fit(frame * max(n_codes))
+    y = F.pad(quantized, (0, width - quantized.shape[-1]))  # (B, 768, T)
     y_mask = sequence_mask(lengths, width).unsqueeze(1).to(y.dtype)
-    text_lengths = torch.tensor([r["text"].numel() for r in rows], device=dev)
-    p = fit(int(text_lengths.max()))
+    n_text = [r["text"].numel() for r in rows]
+    text_lengths = torch.tensor(n_text, device=dev)
+    p = fit(max(n_text))
+    # each row's crop: its newest frames (host numbers, and their tensor made now: a host-to-device copy
+    # waits for the device, so none is made after the encoders are queued)
+    n_out = [frame * (n if r["result_length"] is None else min(n, r["result_length"])) for r, n in zip(rows, n_codes)]
+    out_lengths = torch.tensor(n_out, device=dev)
     ge = torch.cat([r["ge"] for r in rows])  # (B, gin, 1)
     ge_enc = sovits.ge_to512(ge.transpose(2, 1)).transpose(2, 1) if sovits.dims.is_pro else ge
     y = enc.ssl_proj(y * y_mask) * y_mask
     y = enc.encoder_ssl(y * y_mask, y_mask)
-    text = torch.stack([F.pad(r["text"].view(-1), (0, p - r["text"].numel())) for r in rows])  # (B, P)
+    text = F.pad(pad_sequence([r["text"].view(-1) for r in rows], batch_first=True), (0, p - max(n_text)))  # (B, P)
     text_mask = sequence_mask(text_lengths, p).unsqueeze(1).to(y.dtype)
     t = enc.text_embedding(text).transpose(1, 2)  # one batched text encoder (faster than per-row caches here)
     t = enc.encoder_text(t * text_mask, text_mask)
@@ -283,16 +292,14 @@ def decode_streaming_batch(sovits, rows: Sequence[dict], noise_scale: float = 0.
     y = enc.encoder2(y * y_mask, y_mask)
     crops = []
     for i, r in enumerate(rows):  # the newest frames of each row, cross-faded with its previous latent
-        end = int(lengths[i])
-        keep = end if r["result_length"] is None else frame * r["result_length"]
-        c = y[i : i + 1, :, end - keep : end].clone()
+        end = frame * n_codes[i]
+        c = y[i : i + 1, :, end - n_out[i] : end].clone()
         if r["overlap_frames"] is not None:
             ov = r["overlap_frames"].shape[-1]
             window = torch.sin(torch.arange(ov * 2, device=dev) * math.pi / (ov * 2)).to(c.dtype)
             c[:, :, :ov] = window[:ov].view(1, 1, -1) * c[:, :, :ov] + window[ov:].view(1, 1, -1) * r["overlap_frames"]
         crops.append(c)
-    out_lengths = torch.tensor([c.shape[-1] for c in crops], device=dev)
-    width = fit(int(out_lengths.max()))
+    width = fit(max(n_out))
     y = torch.cat([F.pad(c, (0, width - c.shape[-1])) for c in crops])
     mask = sequence_mask(out_lengths, width).unsqueeze(1).to(y.dtype)
     stats = enc.proj(y) * mask
@@ -306,7 +313,7 @@ def decode_streaming_batch(sovits, rows: Sequence[dict], noise_scale: float = 0.
     z = sovits.flow.reverse(z_p, mask, g=ge)
     audio = sovits.dec(z * mask, g=ge, mask=mask)[:, 0]  # (B, width * up)
     up = audio.shape[-1] // width
-    return [(audio[i, : int(out_lengths[i]) * up], crops[i]) for i in range(real)]
+    return [(audio[i, : n_out[i] * up], crops[i]) for i in range(real)]
 
 STREAM_MIN_CHUNK = 10  # official: a non-first streaming chunk shorter than this gets extra overlap
 

@@ -434,7 +434,8 @@ def test_a_batched_streaming_decode_gives_each_row_its_numbers_alone(version, bu
     ref = VoiceCloner(models, ReferenceCache()).prepare(reference())
     sv = list(ref.sv) if ref.sv is not None else None
     ge = sovits.style_vector(list(ref.specs), sv)
-    shapes = [(14, 9, None, None), (23, 17, 6, 4), (9, 5, 3, 2)]  # tokens, phones, result_length, overlap frames
+    # tokens, phones, result_length (more than the tokens: the whole sentence, as y[..., -k:] takes), overlap
+    shapes = [(14, 9, None, None), (23, 17, 6, 4), (9, 5, 3, 2), (5, 7, 12, 4)]
     rows, want = [], []
     for i, (n, p, keep, ov) in enumerate(shapes):
         codes = torch.randint(0, 1024, (n,), generator=torch.Generator().manual_seed(10 + i))
