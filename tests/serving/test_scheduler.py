@@ -37,21 +37,28 @@ def _run(studio: Studio, text: str, seed: int, stream: bool, **options):
     return [r.tokens for r in results], join(results)[1], results
 
 
+def _concurrently(work, n: int) -> list:
+    """``[work(0), ..., work(n - 1)]``, each called on a thread of its own, all at once."""
+    out: list = [None] * n
+
+    def call(i: int) -> None:
+        out[i] = work(i)
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
 @pytest.mark.parametrize("stream", [True, False])
 def test_a_request_is_the_same_alone_and_beside_others(stream) -> None:
     studio = _studio(scheduler_slots=4)
     try:
         alone = [_run(studio, t, 7 + i, stream, top_k=20, temperature=0.8 + 0.1 * i) for i, t in enumerate(TEXTS)]
-        together: list = [None] * len(TEXTS)
-
-        def work(i: int) -> None:
-            together[i] = _run(studio, TEXTS[i], 7 + i, stream, top_k=20, temperature=0.8 + 0.1 * i)
-
-        threads = [threading.Thread(target=work, args=(i,)) for i in range(len(TEXTS))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        together = _concurrently(
+            lambda i: _run(studio, TEXTS[i], 7 + i, stream, top_k=20, temperature=0.8 + 0.1 * i), len(TEXTS))
         for (tokens_a, audio_a, results), (tokens_b, audio_b, _) in zip(alone, together):
             assert tokens_a == tokens_b
             assert np.array_equal(audio_a, audio_b)
@@ -80,16 +87,7 @@ def test_streams_voiced_in_bucketed_batches_get_their_audio_alone(monkeypatch) -
         assert not batches  # the CPU voices chunk by chunk
         monkeypatch.setattr(streaming, "decode_streaming_batch", spy)
         studio.scheduler(studio.cloner().models).batch_acoustic = True
-        together: list = [None] * len(TEXTS)
-
-        def work(i: int) -> None:
-            together[i] = _run(studio, TEXTS[i], 7 + i, True, top_k=20)
-
-        threads = [threading.Thread(target=work, args=(i,)) for i in range(len(TEXTS))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        together = _concurrently(lambda i: _run(studio, TEXTS[i], 7 + i, True, top_k=20), len(TEXTS))
         assert batches and all(bucketed for _, bucketed in batches)
         assert max(n for n, _ in batches) > 1  # streams shared a decode
         for (tokens_a, audio_a, _), (tokens_b, audio_b, _) in zip(alone, together):
