@@ -1,4 +1,5 @@
-"""Process environment that must be set before torch is imported (no torch import here)."""
+"""The process environment: what must be set before torch is imported (no torch import here), and the
+open-files limit (one descriptor per socket) that a server or a load test raises to fit its connections."""
 
 from __future__ import annotations
 
@@ -24,3 +25,28 @@ def enable_mps_fallback(environ: MutableMapping[str, str] | None = None, platfor
 
 def torch_already_imported() -> bool:
     return "torch" in sys.modules
+
+
+def raise_open_files(want: int) -> tuple[int, int]:
+    """Raise the soft limit of open files to at least ``want``: within the hard limit, or beyond it where the
+    process is allowed to raise the hard limit too. Returns (soft, hard) afterwards; (want, want) where the
+    platform has no such limit (Windows)."""
+    try:
+        import resource
+    except ImportError:
+        return want, want
+    inf = resource.RLIM_INFINITY
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == inf or soft >= want:
+        return soft, hard
+    if hard != inf and hard < want:
+        try:  # privileged: a server machine's default hard limit (often 1024-4096) is no ceiling
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, want))
+            return resource.getrlimit(resource.RLIMIT_NOFILE)
+        except (ValueError, OSError):
+            pass
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want if hard == inf else min(want, hard), hard))
+    except (ValueError, OSError):
+        pass
+    return resource.getrlimit(resource.RLIMIT_NOFILE)

@@ -159,7 +159,7 @@ def fit_open_files(connections: int) -> int:
     """Raise this process's open-files limit so ``connections`` sockets fit beside its other files (up to the
     hard limit, or beyond it where the process may raise that too); returns the number of connections that
     fit (``connections``, or fewer with a warning)."""
-    from studio.open_files import raise_open_files
+    from engine.platform_env import raise_open_files
 
     soft, hard = raise_open_files(connections + FD_MARGIN)
     if 0 <= soft < connections + FD_MARGIN:  # RLIM_INFINITY is -1 on Linux

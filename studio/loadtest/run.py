@@ -295,9 +295,10 @@ async def run_level(cfg: LoadConfig, target: Target, work: Workload, clients: in
 
 
 def raise_open_files_limit(needed: int) -> dict[str, int]:
-    """Raise this process's soft limit of open files to at least ``needed`` (:func:`studio.open_files.raise_open_files`):
-    one socket per client, and the children it starts inherit it. Returns the limits before and after."""
-    from studio.open_files import raise_open_files
+    """Raise this process's soft limit of open files to at least ``needed``
+    (:func:`engine.platform_env.raise_open_files`): one socket per client, and the children it starts inherit
+    it. Returns the limits before and after."""
+    from engine.platform_env import raise_open_files
 
     before = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     soft, hard = raise_open_files(needed)
