@@ -98,3 +98,22 @@ def test_warm_up_synthesises_in_each_warm_up_language_and_runs_the_language_chec
     # the first language streamed too: the chunk decodes' shapes are met before the first client
     assert report.errors == () and spoken == [("zh", "zh", False), ("zh", "zh", True), ("en", "en", False)]
     assert checked
+
+
+def test_warm_up_reads_every_language_code_the_version_accepts(monkeypatch) -> None:
+    """Each language loads its dictionaries on first use while holding the GIL (the auto codes' detector
+    about 1.5 s): warm-up reads a text in every code through the front end, so no request waits for that."""
+    from engine.text.frontend import TextFrontend, languages
+
+    read = []
+    phones_and_bert = TextFrontend.phones_and_bert
+
+    def record(self, text, language, with_bert=True):
+        read.append((language, with_bert))
+        return phones_and_bert(self, text, language, with_bert)
+
+    monkeypatch.setattr(TextFrontend, "phones_and_bert", record)
+    studio = _studio(load_config(model_config("v2")))
+    report = warm_up(studio, None, WarmupSettings(languages=("en",), max_tokens=4))
+    assert report.errors == ()
+    assert {code for code, bert in read if not bert} == set(languages("v2"))
