@@ -1,6 +1,7 @@
 """First /tts after "ready" against the second: does the start-up warm-up take the loading off the first request?
 
     PYTHONPATH=$PWD python benchmarks/warmup_first_request.py [--version v2] [--tokens 12] [--no-warmup] [--busy]
+        [--text "Hello world, 12 apples. 你好世界。" --text-lang auto]
 
 Writes a tiny random model set (engine.testweights), starts `sovits-studio serve` on it as a user would,
 waits for /health to say "ready", then times three /tts requests: the first, the same request again, and one
@@ -44,6 +45,9 @@ def main() -> int:
     ap.add_argument("--version", default="v2")
     ap.add_argument("--tokens", type=int, default=12, help="semantic tokens per sentence (random weights)")
     ap.add_argument("--no-warmup", action="store_true")
+    ap.add_argument("--text", default="Hello there, how are you today?",
+                    help="the requests' text (numbers and other languages load their readers on first use)")
+    ap.add_argument("--text-lang", default="en")
     ap.add_argument("--reference-cache", action="store_true",
                     help="keep the reference cache on (then the second request skips the reference features)")
     ap.add_argument("--busy", action="store_true", help="another process keeps every core busy meanwhile")
@@ -98,7 +102,7 @@ def measure(args) -> int:
 
         def tts(ref: str) -> float:
             t0 = time.monotonic()
-            r = httpx.post(f"{url}/tts", json={"text": "Hello there, how are you today?", "text_lang": "en",
+            r = httpx.post(f"{url}/tts", json={"text": args.text, "text_lang": args.text_lang,
                                                "ref_audio_path": ref, "prompt_text": "The weather is nice today.",
                                                "prompt_lang": "en", "seed": 1}, timeout=300)
             r.raise_for_status()
