@@ -17,7 +17,7 @@ from typing import BinaryIO
 import numpy as np
 import torch
 
-from engine.acoustic.hubert import SSL_SAMPLE_RATE, prompt_ssl_features
+from engine.acoustic.hubert import SSL_SAMPLE_RATE, prompt_pad_samples, prompt_ssl_features
 from engine.audio import (
     SPEC_HOP,
     SPEC_N_FFT,
@@ -195,8 +195,20 @@ def prompt_semantic(clip: ReferenceClip, ssl_model: torch.nn.Module, sovits: tor
                     sovits_sample_rate: int = SPEC_SAMPLE_RATE) -> torch.Tensor:
     """Prompt semantic tokens (T,) int64: 16 kHz + 9600 zeros -> HuBERT -> ``sovits.extract_latent``."""
     feats = prompt_ssl_features(ssl_model, reference_wav16k(clip), sovits_sample_rate)  # (1, 768, T_h)
+    return prompt_codes(feats, sovits)
+
+
+def prompt_audio16k(clip: ReferenceClip, sovits_sample_rate: int = SPEC_SAMPLE_RATE) -> torch.Tensor:
+    """HuBERT's input on the prompt path: the 16 kHz clip and the official trailing zeros (n16 + 9600,)."""
+    wav = reference_wav16k(clip)
+    return torch.cat([wav, torch.zeros(prompt_pad_samples(sovits_sample_rate), dtype=wav.dtype)])
+
+
+@torch.no_grad()
+def prompt_codes(ssl_features: torch.Tensor, sovits: torch.nn.Module) -> torch.Tensor:
+    """HuBERT features (1, 768, T_h) of a prompt -> its semantic tokens (T_h // 2,) (``sovits.extract_latent``)."""
     param = next(sovits.parameters())
-    codes = sovits.extract_latent(feats.to(device=param.device, dtype=param.dtype))  # (1, 1, T_h // 2)
+    codes = sovits.extract_latent(ssl_features.to(device=param.device, dtype=param.dtype))  # (1, 1, T_h // 2)
     return codes[0, 0]
 
 

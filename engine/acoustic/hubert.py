@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import os
 import pickle
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from engine.errors import CheckpointError
 
@@ -71,3 +73,67 @@ def prompt_ssl_features(model: torch.nn.Module, wav16k: torch.Tensor, sovits_sam
     """The TTS.py prompt path: append the zero padding quirk, then :func:`ssl_features`."""
     pad = torch.zeros(prompt_pad_samples(sovits_sample_rate), dtype=wav16k.dtype, device=wav16k.device)
     return ssl_features(model, torch.cat([wav16k, pad]))
+
+
+@torch.no_grad()
+def ssl_features_batch(model: torch.nn.Module, wavs16k: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """:func:`ssl_features` of several waveforms in one right-padded batch: per row (1, hidden, T_h), what the
+    row alone gives up to rounding. The feature encoder's convolutions are unpadded, so a row's frames see
+    only its own samples, except through a GroupNorm over time (chinese-hubert-base's first layer), whose
+    statistics are taken over the row's own frames here; the transformer masks the padding. One waveform
+    alone runs :func:`ssl_features` itself."""
+    if len(wavs16k) == 1:
+        return [ssl_features(model, wavs16k[0])]
+    param = next(model.parameters())
+    lengths = torch.tensor([w.numel() for w in wavs16k])
+    x = pad_sequence([w.reshape(-1) for w in wavs16k], batch_first=True).to(device=param.device, dtype=param.dtype)
+    h, frames = x[:, None], lengths
+    for layer in model.feature_extractor.conv_layers:
+        frames = (frames - layer.conv.kernel_size[0]) // layer.conv.stride[0] + 1
+        norm = getattr(layer, "layer_norm", None)
+        if isinstance(norm, torch.nn.GroupNorm):
+            h = layer.activation(_group_norm_over(layer.conv(h), norm, frames))
+        else:  # no norm, or a LayerNorm of each frame: padding changes nothing
+            h = layer(h)
+    features = h.transpose(1, 2)  # (B, T, conv_dim)
+    samples = torch.arange(x.shape[1])[None, :] < lengths[:, None]
+    mask = model._get_feature_vector_attention_mask(features.shape[1], samples.to(param.device))
+    hidden = model.encoder(model.feature_projection(features), attention_mask=mask)[0]  # (B, T, hidden)
+    return [hidden[i : i + 1, : int(n)].transpose(1, 2) for i, n in enumerate(frames.tolist())]
+
+
+def _group_norm_over(h: torch.Tensor, norm: torch.nn.GroupNorm, frames: torch.Tensor) -> torch.Tensor:
+    """``norm(h)`` for (B, C, T) whose row b holds ``frames[b]`` valid frames: each row's group statistics over
+    its valid frames only (float32), as the row alone would have them."""
+    b, c, t = h.shape
+    g = norm.num_groups
+    valid = (torch.arange(t, device=h.device)[None, :] < frames.to(h.device)[:, None]).view(b, 1, 1, t)
+    x = h.float().view(b, g, c // g, t)
+    count = (frames.to(h.device).float() * (c // g)).view(b, 1, 1, 1)
+    mean = (x * valid).sum(dim=(2, 3), keepdim=True) / count
+    var = (((x - mean) * valid) ** 2).sum(dim=(2, 3), keepdim=True) / count
+    y = ((x - mean) / torch.sqrt(var + norm.eps)).view(b, c, t)
+    if norm.affine:
+        y = y * norm.weight.float().view(1, c, 1) + norm.bias.float().view(1, c, 1)
+    return y.to(h.dtype)
+
+
+def prompt_ssl_features_batch(model: torch.nn.Module, wavs16k: Sequence[torch.Tensor],
+                              sovits_sample_rate: int = 32000) -> list[torch.Tensor]:
+    """:func:`prompt_ssl_features` of several clips at once (:func:`ssl_features_batch`)."""
+    pad = prompt_pad_samples(sovits_sample_rate)
+    return ssl_features_batch(model, [torch.cat([w, torch.zeros(pad, dtype=w.dtype, device=w.device)])
+                                      for w in wavs16k])
+
+
+def ssl_features_groups(items: Sequence[tuple[torch.nn.Module, torch.Tensor]]) -> list[torch.Tensor]:
+    """``(model, waveform)`` pairs -> :func:`ssl_features` of each, one :func:`ssl_features_batch` per model
+    (the batch function of a :class:`engine.batching.GroupRunner` that many requests share)."""
+    out: list[torch.Tensor | None] = [None] * len(items)
+    groups: dict[int, tuple[torch.nn.Module, list[int]]] = {}
+    for i, (model, _) in enumerate(items):
+        groups.setdefault(id(model), (model, []))[1].append(i)
+    for model, rows in groups.values():
+        for i, feats in zip(rows, ssl_features_batch(model, [items[i][1] for i in rows])):
+            out[i] = feats
+    return out  # type: ignore[return-value]

@@ -466,3 +466,41 @@ def test_shape_buckets_bound_the_padding():
     assert len({width_bucket(n) for n in range(1, 1025)}) <= 4 + 4 * 4  # 16..64, then four per octave
     assert [batch_bucket(n) for n in (1, 5, 7, 100, 128, 200)] == [1, 6, 8, 128, 128, 200]
     assert all(b2 <= 2 * b1 for b1, b2 in zip(BATCH_BUCKETS, BATCH_BUCKETS[1:]))
+
+
+def test_references_prepared_together_share_a_hubert_batch_and_get_their_tokens_alone():
+    """What Studio gives its cloners on CUDA, on the CPU: concurrent references' prompt clips meet in one
+    HuBERT batch (engine.batching.GroupRunner), and each gets the prompt tokens it gets alone."""
+    from engine.acoustic.hubert import ssl_features_groups
+    from engine.batching import GroupRunner
+
+    models = sup.studio("v2").cloner().models
+    clips = [reference(pitch=110.0 + 35 * i, seed=i) for i in range(3)]
+    alone = [VoiceCloner(models, ReferenceCache()).prepare(c) for c in clips]
+    started, release, sizes = threading.Barrier(3), threading.Event(), []
+
+    def held(items):  # the first batch waits until every clip is in a batch or queued behind it
+        sizes.append(len(items))
+        release.wait(30)
+        return ssl_features_groups(items)
+
+    runner = GroupRunner(held, max_batch=8)
+    cloner = VoiceCloner(models, ReferenceCache(), ssl_batches=runner)
+    together: list = [None] * 3
+
+    def prepare(i: int) -> None:
+        started.wait(30)
+        together[i] = cloner.prepare(clips[i])
+
+    threads = [threading.Thread(target=prepare, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    while sum(sizes) + len(runner._queue) < 3 and any(t.is_alive() for t in threads):
+        threading.Event().wait(0.01)
+    release.set()
+    for t in threads:
+        t.join()
+    assert runner.items == 3 and max(sizes) >= 2  # clips of different requests shared a batch
+    for a, b in zip(alone, together):
+        assert torch.equal(a.prompt_semantic, b.prompt_semantic)
+        assert all(torch.equal(x, y) for x, y in zip(a.specs, b.specs))

@@ -172,6 +172,25 @@ def test_features_v2(models, tmp_path: Path) -> None:
     assert aux.prompt_semantic is None and torch.equal(aux.spec, feats.spec)
 
 
+@pytest.mark.parametrize("hubert", ["test weights", "conformance"])
+def test_hubert_features_of_clips_batched_together_are_each_clips_alone(models, hubert, shared_dir: Path) -> None:
+    """Clips of different lengths in one padded HuBERT batch: each gets its features alone, up to rounding.
+    The first feature-encoder layer's GroupNorm normalises over time: over the padding too, a short clip's
+    features were off by up to 0.9 (on the conformance model); its statistics are taken per clip."""
+    from engine.acoustic.hubert import load_hubert, prompt_ssl_features, ssl_features_batch, ssl_features_groups
+
+    tiny = shared_dir / "conformance" / "hubert" / "tiny-chinese-hubert-base"
+    model = models["hubert"] if hubert == "test weights" else load_hubert(tiny)
+    g = torch.Generator().manual_seed(0)
+    wavs = [0.1 * torch.randn(n, generator=g) for n in (48000, 70001, 55555)]
+    alone = [prompt_ssl_features(model, w) for w in wavs]
+    padded = [torch.cat([w, torch.zeros(9600)]) for w in wavs]
+    for got in (ssl_features_batch(model, padded), ssl_features_groups([(model, w) for w in padded])):
+        for a, b in zip(alone, got):
+            assert a.shape == b.shape
+            torch.testing.assert_close(b, a, rtol=1e-5, atol=2e-5)
+
+
 def test_features_v2pro_include_the_sv_embedding(models, tmp_path: Path) -> None:
     clip = read_reference(_write(tmp_path / "ref.wav", _speechlike(4.0)))
     pro = models["v2Pro"].module
