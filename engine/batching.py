@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 In = TypeVar("In")
 Out = TypeVar("Out")
@@ -66,3 +66,20 @@ class GroupRunner(Generic[In, Out]):
             return
         for (_, future), result in zip(batch, results):
             future.set_result(result)
+
+
+def per_model(run: Callable[[Any, list], Sequence[Out]]) -> Callable[[Sequence[tuple[Any, Any]]], list[Out]]:
+    """A batch function over ``(model, item)`` pairs that calls ``run(model, items)`` once per distinct model
+    (requests of different model sets may share one runner), each result back in its pair's place."""
+
+    def batch(pairs: Sequence[tuple[Any, Any]]) -> list[Out]:
+        out: list[Any] = [None] * len(pairs)
+        groups: dict[int, tuple[Any, list[int]]] = {}
+        for i, (model, _) in enumerate(pairs):
+            groups.setdefault(id(model), (model, []))[1].append(i)
+        for model, rows in groups.values():
+            for i, result in zip(rows, run(model, [pairs[i][1] for i in rows])):
+                out[i] = result
+        return out
+
+    return batch

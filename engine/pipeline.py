@@ -18,6 +18,7 @@ official int16 samples.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import logging
 import math
@@ -62,7 +63,14 @@ from engine.options import (
     resolve_plan,
 )
 from engine.readiness import Readiness
-from engine.reference import ReferenceRules, prompt_audio16k, prompt_codes, read_reference, reference_features
+from engine.reference import (
+    ReferenceRules,
+    prompt_audio16k,
+    prompt_codes,
+    read_reference,
+    reference_audio_32k,
+    reference_features,
+)
 from engine.reference_cache import ReferenceCache, ReferenceKey, sha256_bytes
 from engine.runtime import DeviceFallback, Runtime, conv_backend, resolve_runtime
 from engine.serving.requests import Piece
@@ -79,7 +87,7 @@ log = logging.getLogger(__name__)
 
 MAX_SCHEDULERS = 4  # model sets with a live scheduler (each holds a KV-cache pool)
 REFERENCE_THREADS = 2  # engine threads that prepare references on an accelerator
-SSL_BATCH = 16  # prompt clips whose HuBERT features are computed in one batch (CUDA)
+REFERENCE_BATCH = 16  # reference clips whose HuBERT features / speaker embeddings run in one batch (CUDA)
 ProgressCallback = Callable[[int, int], None]  # (sentences done, sentences in total)
 MAX_REFERENCE_FILE_BYTES = 64 << 20  # a reference file larger than this is refused before reading
 
@@ -290,6 +298,24 @@ class _Sentence:
 # ---- the pipeline ---------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class ReferenceBatches:
+    """The runners that batch reference clips across concurrent requests (engine.batching.GroupRunner): each
+    takes ``(model, audio)`` and gives what that clip alone gives, up to rounding."""
+
+    ssl: Callable[[tuple[torch.nn.Module, torch.Tensor]], torch.Tensor]  # (HuBERT, prompt audio 16k) -> (1, 768, T)
+    sv: Callable[[tuple[torch.nn.Module, torch.Tensor]], torch.Tensor]  # (speaker model, audio (1, n32)) -> (1, D)
+
+    @classmethod
+    def make(cls, executor: Executor | None = None, max_batch: int = REFERENCE_BATCH) -> "ReferenceBatches":
+        from engine.acoustic.hubert import ssl_features_groups
+        from engine.batching import GroupRunner
+        from engine.reference import sv_embedding_groups
+
+        return cls(GroupRunner(ssl_features_groups, max_batch=max_batch, executor=executor),
+                   GroupRunner(sv_embedding_groups, max_batch=max_batch, executor=executor))
+
+
 class VoiceCloner:
     """Clones a voice with one loaded model set.
 
@@ -303,7 +329,7 @@ class VoiceCloner:
                  max_text_chars: int = EngineSettings.max_text_chars, scheduler=None,
                  fallback: DeviceFallback | None = None, reopen: Callable[[], Any] | None = None,
                  gate=None, conv_backend: str = "auto", lane: Executor | None = None,
-                 ssl_batches: Callable[[tuple[torch.nn.Module, torch.Tensor]], torch.Tensor] | None = None) -> None:
+                 batches: "ReferenceBatches | None" = None) -> None:
         from engine.text.frontend import TextFrontend
 
         self.scheduler = scheduler  # engine.serving.Scheduler of these models; None: the official flow
@@ -320,9 +346,8 @@ class VoiceCloner:
         # thread that touches the device holds its own cuBLAS/cuDNN handles and workspaces, so hundreds of
         # request threads must not
         self._lane = lane
-        # ``(HuBERT, prompt audio) -> features`` batched with other requests' clips (the engine's
-        # GroupRunner over engine.acoustic.hubert.ssl_features_groups); None: each clip alone, officially
-        self._ssl_batches = ssl_batches
+        # the engine's runners that batch reference clips with other requests' (CUDA); None: each clip alone
+        self._batches = batches
         self.frontend = TextFrontend("v1" if models.version == "v1" else "v2", bert=models.bert,
                                      zh_g2p=models.zh_g2p)  # G2PW for v2+ Mandarin when its model is there
 
@@ -390,9 +415,14 @@ class VoiceCloner:
             clip = read_reference(io.BytesIO(main), self.reference_rules)
         except ReferenceAudioError as e:
             raise with_field(e, "reference.audio")
-        batched = bool(prompt_text) and self._ssl_batches is not None
+        batches = self._batches
         feats = self._stage("ssl", (m.sovits, m.ssl, m.sv), _reference_features, clip,
-                            with_prompt=bool(prompt_text) and not batched, sovits_sample_rate=m.sovits_sample_rate)
+                            with_prompt=bool(prompt_text) and batches is None, with_sv=batches is None,
+                            sovits_sample_rate=m.sovits_sample_rate)
+        if batches is not None and m.sv is not None and getattr(m.sovits.dims, "is_pro", False):
+            # the speaker embedding in one batch with the clips other requests are preparing now
+            feats = dataclasses.replace(feats, sv_embedding=batches.sv(
+                (m.sv, reference_audio_32k(clip, m.sovits_sample_rate))))
         specs, svs = [feats.spec], [feats.sv_embedding]
         if not m.uses_vocoder:
             for i, data in enumerate(aux):
@@ -416,8 +446,8 @@ class VoiceCloner:
             bert = self._bert_features(tf).to(dev)
         voice_prompt = None
         sem = feats.prompt_semantic
-        if batched:  # HuBERT with the clips other requests are preparing now, then this set's own latent codes
-            sem = prompt_codes(self._ssl_batches((m.ssl, prompt_audio16k(clip, m.sovits_sample_rate))), m.sovits)
+        if prompt_text and batches is not None:  # HuBERT in one batch with other requests' clips, then the codes
+            sem = prompt_codes(batches.ssl((m.ssl, prompt_audio16k(clip, m.sovits_sample_rate))), m.sovits)
         sem = sem.to(dev) if sem is not None else None
         if m.uses_vocoder:
             from engine.acoustic.cfm import prepare_prompt
@@ -782,13 +812,10 @@ class Studio:
         # reference preparation on an accelerator runs on these threads (started on demand), not on the
         # request threads: few threads hold device handles, however many clients there are
         self._lane = ThreadPoolExecutor(max_workers=REFERENCE_THREADS, thread_name_prefix="reference")
-        # concurrent requests' prompt clips meet in one HuBERT batch on CUDA, on a thread of its own (one set of
-        # device handles); a lone clip runs at once, alone
-        from engine.acoustic.hubert import ssl_features_groups
-        from engine.batching import GroupRunner
-
-        self._ssl_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hubert")
-        self._ssl_batches = GroupRunner(ssl_features_groups, max_batch=SSL_BATCH, executor=self._ssl_executor)
+        # concurrent requests' new reference clips meet in one HuBERT batch and one speaker-model batch on CUDA,
+        # on a thread of its own (one set of device handles); a lone clip runs at once, alone
+        self._batch_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reference-batch")
+        self._reference_batches = ReferenceBatches.make(self._batch_executor)
         self._events: dict[str, int] = {}  # serving events for /metrics (rebuilds, graphs captured...)
 
     @classmethod
@@ -865,7 +892,7 @@ class Studio:
                              fallback=self.fallback, reopen=lambda: self.scheduler(models), gate=self.gate,
                              conv_backend=self.settings.conv_backend,
                              lane=self._lane if models.device.type != "cpu" else None,
-                             ssl_batches=self._ssl_batches if models.device.type == "cuda" else None)
+                             batches=self._reference_batches if models.device.type == "cuda" else None)
         if self.settings.warmup:
             with self._lock:
                 first = models.id not in self._warmed
@@ -984,7 +1011,7 @@ class Studio:
         for sched in schedulers:
             sched.close()
         self._lane.shutdown(wait=False, cancel_futures=True)
-        self._ssl_executor.shutdown(wait=False, cancel_futures=True)
+        self._batch_executor.shutdown(wait=False, cancel_futures=True)
 
 
 def _freeing(results: Iterator[Result], runtime: Runtime) -> Iterator[Result]:

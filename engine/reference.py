@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import BinaryIO
 
 import numpy as np
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from engine.acoustic.hubert import SSL_SAMPLE_RATE, prompt_pad_samples, prompt_ssl_features
 from engine.audio import (
@@ -232,6 +234,29 @@ def sv_embedding(audio32k: torch.Tensor, sv_model: torch.nn.Module, sovits_sampl
     return sv_model.embed_frames(feats.to(device=param.device, dtype=param.dtype))
 
 
+@torch.no_grad()
+def sv_embeddings(audios32k: Sequence[torch.Tensor], sv_model: torch.nn.Module,
+                  sovits_sample_rate: int = SPEC_SAMPLE_RATE) -> list[torch.Tensor]:
+    """:func:`sv_embedding` of several clips (each (1, n32)) in one right-padded batch, each (1, 20480) what the
+    clip alone gives, up to rounding (``ERes2NetV2.embed_frames`` with each row's frames)."""
+    if len(audios32k) == 1:
+        return [sv_embedding(audios32k[0], sv_model, sovits_sample_rate)]
+    feats = [kaldi_fbank(resample_sinc(a, sovits_sample_rate, SV_SAMPLE_RATE)[0]) for a in audios32k]
+    frames = torch.tensor([f.shape[0] for f in feats])
+    param = next(sv_model.parameters())
+    batch = pad_sequence(feats, batch_first=True).to(device=param.device, dtype=param.dtype)
+    emb = sv_model.embed_frames(batch, frames)
+    return [emb[i : i + 1] for i in range(len(feats))]
+
+
+def sv_embedding_groups(items: Sequence[tuple[torch.nn.Module, torch.Tensor]]) -> list[torch.Tensor]:
+    """``(SV model, audio (1, n32))`` pairs -> their embeddings, one :func:`sv_embeddings` batch per model (32 kHz
+    SoVITS rate)."""
+    from engine.batching import per_model
+
+    return per_model(lambda model, audios: sv_embeddings(audios, model))(items)
+
+
 @dataclass(frozen=True)
 class ReferenceFeatures:
     """Everything SoVITS v1/v2/v2Pro* needs from one reference clip."""
@@ -243,9 +268,10 @@ class ReferenceFeatures:
 
 def reference_features(clip: ReferenceClip, sovits: torch.nn.Module, ssl_model: torch.nn.Module | None = None,
                        sv_model: torch.nn.Module | None = None, with_prompt: bool = True,
-                       sovits_sample_rate: int = SPEC_SAMPLE_RATE) -> ReferenceFeatures:
-    """Spectrogram, and optionally prompt tokens (needs ``ssl_model``) and the SV embedding (``sv_model``)."""
-    needs_sv = bool(getattr(getattr(sovits, "dims", None), "is_pro", False))
+                       sovits_sample_rate: int = SPEC_SAMPLE_RATE, with_sv: bool = True) -> ReferenceFeatures:
+    """Spectrogram, and optionally prompt tokens (needs ``ssl_model``) and the SV embedding (``sv_model``;
+    ``with_sv=False``: left to the caller, which computes it elsewhere)."""
+    needs_sv = with_sv and bool(getattr(getattr(sovits, "dims", None), "is_pro", False))
     if needs_sv and sv_model is None:
         raise EngineError("this v2Pro/v2ProPlus model needs the speaker-verification model (sv_model)")
     if with_prompt and ssl_model is None:

@@ -129,11 +129,6 @@ def prompt_ssl_features_batch(model: torch.nn.Module, wavs16k: Sequence[torch.Te
 def ssl_features_groups(items: Sequence[tuple[torch.nn.Module, torch.Tensor]]) -> list[torch.Tensor]:
     """``(model, waveform)`` pairs -> :func:`ssl_features` of each, one :func:`ssl_features_batch` per model
     (the batch function of a :class:`engine.batching.GroupRunner` that many requests share)."""
-    out: list[torch.Tensor | None] = [None] * len(items)
-    groups: dict[int, tuple[torch.nn.Module, list[int]]] = {}
-    for i, (model, _) in enumerate(items):
-        groups.setdefault(id(model), (model, []))[1].append(i)
-    for model, rows in groups.values():
-        for i, feats in zip(rows, ssl_features_batch(model, [items[i][1] for i in rows])):
-            out[i] = feats
-    return out  # type: ignore[return-value]
+    from engine.batching import per_model
+
+    return per_model(ssl_features_batch)(items)

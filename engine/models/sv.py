@@ -74,6 +74,14 @@ class AFF(nn.Module):
         return torch.mul(x, att) + torch.mul(ds_y, 2.0 - att)
 
 
+def _zero_past(x: torch.Tensor, frames: torch.Tensor | None) -> torch.Tensor:
+    """(B, C, F, T) with every time step at or past ``frames[b]`` zeroed (None: unchanged)."""
+    if frames is None:
+        return x
+    valid = torch.arange(x.shape[-1], device=x.device)[None, :] < frames.to(x.device)[:, None]
+    return x * valid[:, None, None, :].to(x.dtype)
+
+
 class ERes2NetV2Block(nn.Module):
     """Res2Net-style bottleneck; with ``fuse`` the split branches are merged by AFF instead of a sum."""
 
@@ -98,7 +106,10 @@ class ERes2NetV2Block(nn.Module):
                 nn.BatchNorm2d(expansion * planes),
             )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, frames: torch.Tensor | None = None) -> torch.Tensor:
+        """``frames`` (B,): each row's valid frames at this block's output (None: every frame is valid). The
+        3x3 convolutions then see zeros past a row's end, as the row alone would (padding); frames past it are
+        garbage."""
         out = _relu20(self.bn1(self.conv1(x)))
         spx = torch.split(out, self.width, 1)
         outs = []
@@ -106,7 +117,7 @@ class ERes2NetV2Block(nn.Module):
         for i in range(self.scale):
             if i > 0:
                 sp = self.fuse_models[i - 1](sp, spx[i]) if self.fuse else sp + spx[i]
-            sp = _relu20(self.bns[i](self.convs[i](sp)))
+            sp = _relu20(self.bns[i](self.convs[i](_zero_past(sp, frames))))
             outs.append(sp)
         out = self.bn3(self.conv3(torch.cat(outs, 1)))
         return _relu20(out + self.shortcut(x))
@@ -139,11 +150,32 @@ class ERes2NetV2(nn.Module):
             self._in_planes = planes * d.expansion
         return nn.Sequential(*blocks)
 
-    def embed_frames(self, feats: torch.Tensor) -> torch.Tensor:
-        """(B, frames, feat_dim) -> (B, C*F') time-averaged fused features (the official ``forward3``)."""
-        x = feats.permute(0, 2, 1).unsqueeze(1)  # (B, 1, feat_dim, frames)
+    def embed_frames(self, feats: torch.Tensor, frames: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, frames, feat_dim) -> (B, C*F') time-averaged fused features (the official ``forward3``).
+
+        ``frames`` (B,): the valid frames of each row of a right-padded batch (None: all). Every 3x3
+        convolution then sees zeros past a row's end and the time average covers the row's own frames, so
+        each row gets its embedding alone, up to rounding."""
+        x = _zero_past(feats.permute(0, 2, 1).unsqueeze(1), frames)  # (B, 1, feat_dim, frames)
         out = F.relu(self.bn1(self.conv1(x)))
-        out3 = self.layer3(self.layer2(self.layer1(out)))
-        out4 = self.layer4(out3)
-        fused = self.fuse34(out4, self.layer3_ds(out3))  # (B, 8*m*e, feat_dim/8, frames/8)
-        return fused.flatten(start_dim=1, end_dim=2).mean(-1)
+        n = frames
+        for layer in (self.layer1, self.layer2, self.layer3):
+            out, n = self._masked_layer(layer, out, n)
+        out3 = out
+        out4, n4 = self._masked_layer(self.layer4, out3, n)
+        fused = self.fuse34(out4, self.layer3_ds(_zero_past(out3, n)))  # (B, 8*m*e, feat_dim/8, frames/8)
+        flat = fused.flatten(start_dim=1, end_dim=2)
+        if n4 is None:
+            return flat.mean(-1)
+        return _zero_past(flat.unsqueeze(2), n4).squeeze(2).sum(-1) / n4.to(flat.device, flat.dtype)[:, None]
+
+    @staticmethod
+    def _masked_layer(layer: nn.Sequential, x: torch.Tensor, frames: torch.Tensor | None,
+                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A stage of blocks, each told its rows' valid frames (a stride-2 block halves them, rounding up)."""
+        for block in layer:
+            stride = block.conv1.stride[1]
+            if frames is not None and stride != 1:
+                frames = (frames + stride - 1) // stride
+            x = block(x, frames)
+        return x, frames

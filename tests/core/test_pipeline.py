@@ -468,13 +468,17 @@ def test_shape_buckets_bound_the_padding():
     assert all(b2 <= 2 * b1 for b1, b2 in zip(BATCH_BUCKETS, BATCH_BUCKETS[1:]))
 
 
-def test_references_prepared_together_share_a_hubert_batch_and_get_their_tokens_alone():
-    """What Studio gives its cloners on CUDA, on the CPU: concurrent references' prompt clips meet in one
-    HuBERT batch (engine.batching.GroupRunner), and each gets the prompt tokens it gets alone."""
+@pytest.mark.parametrize("version", ["v2", "v2ProPlus"])
+def test_references_prepared_together_share_batches_and_get_their_features_alone(version):
+    """What Studio gives its cloners on CUDA, on the CPU: concurrent references' clips meet in one HuBERT
+    batch and one speaker-model batch (engine.batching.GroupRunner), and each gets its prompt tokens and
+    speaker embedding alone (up to rounding)."""
     from engine.acoustic.hubert import ssl_features_groups
     from engine.batching import GroupRunner
+    from engine.pipeline import ReferenceBatches
+    from engine.reference import sv_embedding_groups
 
-    models = sup.studio("v2").cloner().models
+    models = sup.studio(version).cloner().models
     clips = [reference(pitch=110.0 + 35 * i, seed=i) for i in range(3)]
     alone = [VoiceCloner(models, ReferenceCache()).prepare(c) for c in clips]
     started, release, sizes = threading.Barrier(3), threading.Event(), []
@@ -484,8 +488,8 @@ def test_references_prepared_together_share_a_hubert_batch_and_get_their_tokens_
         release.wait(30)
         return ssl_features_groups(items)
 
-    runner = GroupRunner(held, max_batch=8)
-    cloner = VoiceCloner(models, ReferenceCache(), ssl_batches=runner)
+    ssl, sv = GroupRunner(held, max_batch=8), GroupRunner(sv_embedding_groups, max_batch=8)
+    cloner = VoiceCloner(models, ReferenceCache(), batches=ReferenceBatches(ssl, sv))
     together: list = [None] * 3
 
     def prepare(i: int) -> None:
@@ -495,12 +499,15 @@ def test_references_prepared_together_share_a_hubert_batch_and_get_their_tokens_
     threads = [threading.Thread(target=prepare, args=(i,)) for i in range(3)]
     for t in threads:
         t.start()
-    while sum(sizes) + len(runner._queue) < 3 and any(t.is_alive() for t in threads):
+    while sum(sizes) + len(ssl._queue) < 3 and any(t.is_alive() for t in threads):
         threading.Event().wait(0.01)
     release.set()
     for t in threads:
         t.join()
-    assert runner.items == 3 and max(sizes) >= 2  # clips of different requests shared a batch
+    assert ssl.items == 3 and max(sizes) >= 2  # clips of different requests shared a batch
+    assert sv.items == (3 if models.sv is not None else 0)
     for a, b in zip(alone, together):
         assert torch.equal(a.prompt_semantic, b.prompt_semantic)
         assert all(torch.equal(x, y) for x, y in zip(a.specs, b.specs))
+        if a.sv is not None:
+            torch.testing.assert_close(b.sv[0], a.sv[0], rtol=1e-5, atol=1e-5)

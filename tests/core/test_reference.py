@@ -191,6 +191,21 @@ def test_hubert_features_of_clips_batched_together_are_each_clips_alone(models, 
             torch.testing.assert_close(b, a, rtol=1e-5, atol=2e-5)
 
 
+def test_speaker_embeddings_of_clips_batched_together_are_each_clips_alone(models) -> None:
+    """Clips of different lengths in one padded speaker-model batch: every 3x3 convolution sees zeros past a
+    clip's end and the time average covers its own frames, so each gets its embedding alone (unmasked, the
+    padding moved a short clip's embedding by up to 0.19)."""
+    from engine.reference import sv_embedding, sv_embedding_groups, sv_embeddings
+
+    g = torch.Generator().manual_seed(0)
+    audios = [0.1 * torch.randn(1, n, generator=g) for n in (96000, 150001, 123457, 320000)]
+    alone = [sv_embedding(a, models["sv"]) for a in audios]
+    for got in (sv_embeddings(audios, models["sv"]), sv_embedding_groups([(models["sv"], a) for a in audios])):
+        for a, b in zip(alone, got):
+            assert a.shape == b.shape
+            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+
+
 def test_features_v2pro_include_the_sv_embedding(models, tmp_path: Path) -> None:
     clip = read_reference(_write(tmp_path / "ref.wav", _speechlike(4.0)))
     pro = models["v2Pro"].module
