@@ -18,7 +18,6 @@ official int16 samples.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import io
 import logging
 import math
@@ -68,7 +67,6 @@ from engine.reference import (
     prompt_audio16k,
     prompt_codes,
     read_reference,
-    reference_audio_32k,
     reference_features,
 )
 from engine.reference_cache import ReferenceCache, ReferenceKey, sha256_bytes
@@ -416,13 +414,11 @@ class VoiceCloner:
         except ReferenceAudioError as e:
             raise with_field(e, "reference.audio")
         batches = self._batches
+        # with the batches, HuBERT (below) and the speaker model run together with other requests' clips
+        embed_sv = (lambda audio32k: batches.sv((m.sv, audio32k))) if batches is not None and m.sv is not None else None
         feats = self._stage("ssl", (m.sovits, m.ssl, m.sv), _reference_features, clip,
-                            with_prompt=bool(prompt_text) and batches is None, with_sv=batches is None,
+                            with_prompt=bool(prompt_text) and batches is None, embed_sv=embed_sv,
                             sovits_sample_rate=m.sovits_sample_rate)
-        if batches is not None and m.sv is not None and getattr(m.sovits.dims, "is_pro", False):
-            # the speaker embedding in one batch with the clips other requests are preparing now
-            feats = dataclasses.replace(feats, sv_embedding=batches.sv(
-                (m.sv, reference_audio_32k(clip, m.sovits_sample_rate))))
         specs, svs = [feats.spec], [feats.sv_embedding]
         if not m.uses_vocoder:
             for i, data in enumerate(aux):

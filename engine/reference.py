@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-from engine.acoustic.hubert import SSL_SAMPLE_RATE, prompt_pad_samples, prompt_ssl_features
+from engine.acoustic.hubert import SSL_SAMPLE_RATE, prompt_ssl_features, with_prompt_pad
 from engine.audio import (
     SPEC_HOP,
     SPEC_N_FFT,
@@ -202,8 +202,7 @@ def prompt_semantic(clip: ReferenceClip, ssl_model: torch.nn.Module, sovits: tor
 
 def prompt_audio16k(clip: ReferenceClip, sovits_sample_rate: int = SPEC_SAMPLE_RATE) -> torch.Tensor:
     """HuBERT's input on the prompt path: the 16 kHz clip and the official trailing zeros (n16 + 9600,)."""
-    wav = reference_wav16k(clip)
-    return torch.cat([wav, torch.zeros(prompt_pad_samples(sovits_sample_rate), dtype=wav.dtype)])
+    return with_prompt_pad(reference_wav16k(clip), sovits_sample_rate)
 
 
 @torch.no_grad()
@@ -268,17 +267,23 @@ class ReferenceFeatures:
 
 def reference_features(clip: ReferenceClip, sovits: torch.nn.Module, ssl_model: torch.nn.Module | None = None,
                        sv_model: torch.nn.Module | None = None, with_prompt: bool = True,
-                       sovits_sample_rate: int = SPEC_SAMPLE_RATE, with_sv: bool = True) -> ReferenceFeatures:
-    """Spectrogram, and optionally prompt tokens (needs ``ssl_model``) and the SV embedding (``sv_model``;
-    ``with_sv=False``: left to the caller, which computes it elsewhere)."""
-    needs_sv = with_sv and bool(getattr(getattr(sovits, "dims", None), "is_pro", False))
+                       sovits_sample_rate: int = SPEC_SAMPLE_RATE,
+                       embed_sv: Callable[[torch.Tensor], torch.Tensor] | None = None) -> ReferenceFeatures:
+    """Spectrogram, and optionally prompt tokens (needs ``ssl_model``) and the SV embedding (``sv_model``).
+    ``embed_sv``: how the 32 kHz audio (1, n32) becomes the SV embedding (default: :func:`sv_embedding` with
+    ``sv_model``; a server passes its batch across requests)."""
+    needs_sv = bool(getattr(getattr(sovits, "dims", None), "is_pro", False))
     if needs_sv and sv_model is None:
         raise EngineError("this v2Pro/v2ProPlus model needs the speaker-verification model (sv_model)")
     if with_prompt and ssl_model is None:
         raise EngineError("prompt tokens need the HuBERT model (ssl_model)")
+    if embed_sv is None:
+        def embed_sv(audio: torch.Tensor) -> torch.Tensor:
+            return sv_embedding(audio, sv_model, sovits_sample_rate)
+
     audio32k = reference_audio_32k(clip, sovits_sample_rate)
     return ReferenceFeatures(
         spec=reference_spectrogram(audio32k),
         prompt_semantic=prompt_semantic(clip, ssl_model, sovits, sovits_sample_rate) if with_prompt else None,
-        sv_embedding=sv_embedding(audio32k, sv_model, sovits_sample_rate) if needs_sv else None,
+        sv_embedding=embed_sv(audio32k) if needs_sv else None,
     )

@@ -17,6 +17,7 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from engine.errors import CheckpointError
+from engine.models.sovits_modules import sequence_mask
 
 SSL_SAMPLE_RATE = 16000
 # TTS.py appends int(configs.sampling_rate * 0.3) zeros, with the *SoVITS* rate (32 kHz): 0.6 s at 16 kHz.
@@ -69,10 +70,15 @@ def ssl_features(model: torch.nn.Module, wav16k: torch.Tensor) -> torch.Tensor:
     return model(x)["last_hidden_state"].transpose(1, 2)
 
 
+def with_prompt_pad(wav16k: torch.Tensor, sovits_sample_rate: int = 32000) -> torch.Tensor:
+    """HuBERT's input on the TTS.py prompt path: the 16 kHz waveform and the zero padding quirk after it."""
+    pad = torch.zeros(prompt_pad_samples(sovits_sample_rate), dtype=wav16k.dtype, device=wav16k.device)
+    return torch.cat([wav16k, pad])
+
+
 def prompt_ssl_features(model: torch.nn.Module, wav16k: torch.Tensor, sovits_sample_rate: int = 32000) -> torch.Tensor:
     """The TTS.py prompt path: append the zero padding quirk, then :func:`ssl_features`."""
-    pad = torch.zeros(prompt_pad_samples(sovits_sample_rate), dtype=wav16k.dtype, device=wav16k.device)
-    return ssl_features(model, torch.cat([wav16k, pad]))
+    return ssl_features(model, with_prompt_pad(wav16k, sovits_sample_rate))
 
 
 @torch.no_grad()
@@ -96,8 +102,8 @@ def ssl_features_batch(model: torch.nn.Module, wavs16k: Sequence[torch.Tensor]) 
         else:  # no norm, or a LayerNorm of each frame: padding changes nothing
             h = layer(h)
     features = h.transpose(1, 2)  # (B, T, conv_dim)
-    samples = torch.arange(x.shape[1])[None, :] < lengths[:, None]
-    mask = model._get_feature_vector_attention_mask(features.shape[1], samples.to(param.device))
+    samples = sequence_mask(lengths, x.shape[1]).to(param.device)
+    mask = model._get_feature_vector_attention_mask(features.shape[1], samples)
     hidden = model.encoder(model.feature_projection(features), attention_mask=mask)[0]  # (B, T, hidden)
     return [hidden[i : i + 1, : int(n)].transpose(1, 2) for i, n in enumerate(frames.tolist())]
 
@@ -107,7 +113,7 @@ def _group_norm_over(h: torch.Tensor, norm: torch.nn.GroupNorm, frames: torch.Te
     its valid frames only (float32), as the row alone would have them."""
     b, c, t = h.shape
     g = norm.num_groups
-    valid = (torch.arange(t, device=h.device)[None, :] < frames.to(h.device)[:, None]).view(b, 1, 1, t)
+    valid = sequence_mask(frames.to(h.device), t).view(b, 1, 1, t)
     x = h.float().view(b, g, c // g, t)
     count = (frames.to(h.device).float() * (c // g)).view(b, 1, 1, 1)
     mean = (x * valid).sum(dim=(2, 3), keepdim=True) / count
@@ -116,14 +122,6 @@ def _group_norm_over(h: torch.Tensor, norm: torch.nn.GroupNorm, frames: torch.Te
     if norm.affine:
         y = y * norm.weight.float().view(1, c, 1) + norm.bias.float().view(1, c, 1)
     return y.to(h.dtype)
-
-
-def prompt_ssl_features_batch(model: torch.nn.Module, wavs16k: Sequence[torch.Tensor],
-                              sovits_sample_rate: int = 32000) -> list[torch.Tensor]:
-    """:func:`prompt_ssl_features` of several clips at once (:func:`ssl_features_batch`)."""
-    pad = prompt_pad_samples(sovits_sample_rate)
-    return ssl_features_batch(model, [torch.cat([w, torch.zeros(pad, dtype=w.dtype, device=w.device)])
-                                      for w in wavs16k])
 
 
 def ssl_features_groups(items: Sequence[tuple[torch.nn.Module, torch.Tensor]]) -> list[torch.Tensor]:

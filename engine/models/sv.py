@@ -15,6 +15,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from engine.models.sovits_modules import sequence_mask
+
 
 @dataclass(frozen=True)
 class ERes2NetV2Dims:
@@ -78,8 +80,7 @@ def _zero_past(x: torch.Tensor, frames: torch.Tensor | None) -> torch.Tensor:
     """(B, C, F, T) with every time step at or past ``frames[b]`` zeroed (None: unchanged)."""
     if frames is None:
         return x
-    valid = torch.arange(x.shape[-1], device=x.device)[None, :] < frames.to(x.device)[:, None]
-    return x * valid[:, None, None, :].to(x.dtype)
+    return x * sequence_mask(frames.to(x.device), x.shape[-1])[:, None, None, :].to(x.dtype)
 
 
 class ERes2NetV2Block(nn.Module):
