@@ -110,7 +110,7 @@ def level(studio, clients: int, duration: float, stream: bool, tokens: int, clip
     spy = None
     if pyspy is not None:
         spy = subprocess.Popen([pyspy[0], "record", "--pid", str(os.getpid()), "--duration", str(int(pyspy[1])),
-                                "--format", "raw", "--gil", "--nonblocking", "--rate", "200",
+                                "--format", "raw", "--gil", "--threads", "--nonblocking", "--rate", "200",
                                 "--output", pyspy[2]], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     cpu0, t0 = time.process_time(), time.perf_counter()
     threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]

@@ -23,7 +23,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -44,6 +44,8 @@ PREFILL_TOKENS = 8192  # most prefix positions (rows x width) prefilled in one g
 CPU_SLOTS = 8
 MAX_CUDA_SLOTS = 2048
 MAX_ACOUSTIC_BATCH = 128  # streaming chunks decoded together (CUDA)
+# a whole-file request decodes up to this many of its sentences at once (each in a slot of its own)
+PARALLEL_SENTENCES = 16
 # Python's GIL switch interval while a scheduler runs: a thread that waits for the GIL (the decode loop after
 # each device sync) gets it after at most this long, not after the default 5 ms that any CPU-bound thread (a
 # request's text front end) may hold it; with many clients the default throttles every decode step.
@@ -95,6 +97,20 @@ class Context:
 
 
 @dataclass
+class _Sentences:
+    """A whole-file request whose sentences decode side by side: what it has in flight, and the finished
+    sentences held until those before them are done (they are voiced in text order)."""
+
+    cap: int  # sentences of this request decoding (or waiting for a slot) at most at once
+    order: deque = field(default_factory=deque)  # indices admitted, not yet released to the acoustic stage
+    done: dict = field(default_factory=dict)  # index -> its finished acoustic job
+    running: int = 0  # admitted, T2S not finished
+    held: Any = None  # a featurised sentence waiting for room under ``cap``
+    featurised: bool = False  # every sentence was featurised (or one failed)
+    error: BaseException | None = None
+
+
+@dataclass
 class _Row:
     request: Request
     sentence: Any  # _Sentence
@@ -139,6 +155,7 @@ class Scheduler:
         self._length = np.zeros(slots, dtype=np.int64)  # positions a row attends (prefix + tokens)
         self._arrivals: deque[tuple[Request, Any]] = deque()
         self._active: set[Request] = set()  # admitted, T2S not finished
+        self._parallel: dict[Request, _Sentences] = {}  # whole-file requests decoding sentences side by side
         self._cancelled: set[Request] = set()
         self._cv = threading.Condition()
         self._text = ThreadPoolExecutor(max_workers=1, thread_name_prefix="text")
@@ -181,8 +198,72 @@ class Scheduler:
             request.on_first_voiced = self._first_voiced
             self._active.add(request)
             self._arrivals.append((request, request.first))
+            parallel = self._decodes_in_parallel(request)
+            if parallel:
+                self._parallel[request] = _Sentences(cap=max(1, min(PARALLEL_SENTENCES, self.slots // 2)),
+                                                     order=deque([request.first.index]), running=1)
             self._start()
             self._cv.notify_all()
+        if parallel:
+            request.next_sentence(request.first.index, lambda s, e: self._more_sentences(request, s, e))
+
+    @staticmethod
+    def _decodes_in_parallel(request: Request) -> bool:
+        """Whole files (not streams, not fragments) decode their sentences side by side, as the official
+        ``parallel_infer`` batches them: the caller waits for all of them anyway. A sentence's numbers do not
+        depend on its neighbours (its own noise keys; masked rows), so this changes the wait, not the audio."""
+        ctx = request.context
+        plan = getattr(ctx, "plan", None)
+        return (not ctx.stream and plan is not None and plan.parallel_infer and not plan.return_fragment
+                and len(request.texts) > 1)
+
+    def _more_sentences(self, request: Request, sentence: Any, error: BaseException | None) -> None:
+        """The next sentence of a parallel whole-file request is featurised (None: there are no more): it
+        joins the arrivals while the request has room under its cap, else it is held until a row ends."""
+        with self._cv:
+            st = self._parallel.get(request)
+            if st is None:  # the request ended meanwhile (failed, cancelled)
+                return
+            if sentence is None or request.cancelled:
+                st.featurised, st.error = True, error
+                self._end_parallel_locked(request, st)
+                return
+            if st.running >= st.cap:
+                st.held = sentence
+                return
+            self._admit_locked(request, st, sentence)
+        request.next_sentence(sentence.index, lambda s, e: self._more_sentences(request, s, e))
+
+    def _admit_locked(self, request: Request, st: _Sentences, sentence: Any) -> None:
+        st.order.append(sentence.index)
+        st.running += 1
+        self._arrivals.append((request, sentence))
+        self._cv.notify_all()
+
+    def _end_parallel_locked(self, request: Request, st: _Sentences) -> None:
+        """Release the finished sentences in text order; after the last, end the request's T2S work."""
+        while st.order and st.order[0] in st.done:
+            self._acoustic.put(st.done.pop(st.order.popleft()))
+        if st.featurised and not st.running:
+            del self._parallel[request]
+            self._active.discard(request)
+            self._durations.append(time.monotonic() - request.started)
+            self._acoustic.put(("end", request, None, st.error, None))
+
+    def _sentence_done_in_parallel(self, request: Request, sentence: Any, job: tuple) -> None:
+        held = None
+        with self._cv:
+            st = self._parallel.get(request)
+            if st is None:
+                return
+            st.done[sentence.index] = job
+            st.running -= 1
+            if st.held is not None and not request.cancelled:
+                held, st.held = st.held, None
+                self._admit_locked(request, st, held)
+            self._end_parallel_locked(request, st)
+        if held is not None:
+            request.next_sentence(held.index, lambda s, e: self._more_sentences(request, s, e))
 
     def capture_graphs(self, timeout: float | None = None) -> int:
         """Capture the decode-step graph of every batch bucket now, on the decode loop at its next quiet
@@ -335,6 +416,7 @@ class Scheduler:
         with self._cv:
             for request in failed:
                 self._active.discard(request)
+                self._parallel.pop(request, None)
         for request in failed:
             failure = StepFailedError("the decoding step this request was in failed on the device; the engine "
                                       "rebuilt its state: send the request again", retry_after=1.0)
@@ -364,8 +446,11 @@ class Scheduler:
         width = 0
         while self._arrivals and len(out) < free:
             request, sentence = self._arrivals[0]
-            if request.cancelled:
+            if request.cancelled or request.finished:  # cancelled (dropped elsewhere), or failed meanwhile
                 self._arrivals.popleft()
+                if request.finished:
+                    self._active.discard(request)
+                    self._parallel.pop(request, None)
                 continue
             ref = request.context.ref
             w = len(sentence.phones) + len(ref.prompt_phones) + (
@@ -388,6 +473,7 @@ class Scheduler:
             if prefix + 2 > self.decoder.capacity:  # this request fails alone, before it takes a slot
                 with self._cv:
                     self._active.discard(request)
+                    self._parallel.pop(request, None)
                 request.finish(EngineError(
                     f"sentence {sentence.index}: its phones and the reference prompt need {prefix} positions but a "
                     f"decoding slot holds {self.decoder.capacity} (scheduler_context): shorten the sentence or the "
@@ -482,13 +568,18 @@ class Scheduler:
             self._voice(row, chunk, final=False)
         kept = self.tracker.tokens[row, : self.tracker.n[row]].tolist()
         out = naive_output(r.prompt, kept, step, stop)
-        if r.request.context.stream:
+        request, sentence = r.request, r.sentence
+        # read without the lock: while a row of the request lives, only this thread removes its entry
+        if request in self._parallel:
+            self._rows[row] = None
+            self._sentence_done_in_parallel(request, sentence, ("whole", request, sentence, out, None))
+            return
+        if request.context.stream:
             if not kept:
                 final = [int(t) for t in out.tokens.tolist()]  # the official "bad zero prediction"
             self._voice(row, final, final=True)
         else:
-            self._acoustic.put(("whole", r.request, r.sentence, out, None))
-        request, sentence = r.request, r.sentence
+            self._acoustic.put(("whole", request, sentence, out, None))
         self._rows[row] = None
         request.next_sentence(sentence.index, lambda s, e: self._sentence_ready(request, s, e))
 
@@ -544,12 +635,14 @@ class Scheduler:
         with self._cv:
             for request in cancelled:
                 self._active.discard(request)
+                self._parallel.pop(request, None)
 
     def _fail_all(self, error: BaseException) -> None:
         requests = {r.request for r in self._rows[: self._n] if r is not None}
         with self._cv:
             requests |= {req for req, _ in self._arrivals}
             self._arrivals.clear()
+            self._parallel.clear()
             for request in requests:
                 self._active.discard(request)
         for i in range(self._n):

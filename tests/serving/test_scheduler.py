@@ -32,7 +32,8 @@ def _studio(**settings) -> Studio:
 
 
 def _run(studio: Studio, text: str, seed: int, stream: bool, **options):
-    opts = SynthesisOptions(streaming_mode=stream, seed=seed, text_split_method="cut5", early_stop_num=80, **options)
+    opts = SynthesisOptions(**{"streaming_mode": stream, "seed": seed, "text_split_method": "cut5", "early_stop_num": 80,
+                               **options})
     results = list(studio.synthesize(text, "en", _reference(), opts))
     return [r.tokens for r in results], join(results)[1], results
 
@@ -231,5 +232,65 @@ def test_a_sentence_too_long_for_a_slot_fails_alone() -> None:
             _run(studio, TEXTS[0], 1, True)  # the prompt alone needs more than 64 positions
         sched = studio.scheduler(studio.cloner().models)
         assert sched.load["requests"] == 0 and sched.load["decoding"] == 0
+    finally:
+        studio.close()
+
+
+WHOLE_TEXT = "One two three. Four five six. Seven eight nine. Ten eleven twelve. Red green blue. Up and down."
+
+
+def test_a_whole_file_decodes_its_sentences_side_by_side() -> None:
+    """A whole file's sentences take slots at once (official parallel_infer), at most half the slots per request:
+    fewer decode steps than one after another, and the same tokens and audio, in text order."""
+    studio = _studio(scheduler_slots=4)
+    try:
+        sched = studio.scheduler(studio.cloner().models)
+        widths: list[int] = []
+        step = sched._decode_step
+
+        def spy() -> None:
+            widths.append(sched._n)
+            step()
+
+        sched._decode_step = spy
+        runs = {}
+        for parallel in (False, True):
+            before, widths[:] = sched.steps, []
+            tokens, audio, results = _run(studio, WHOLE_TEXT, 11, False, parallel_infer=parallel, early_stop_num=25)
+            runs[parallel] = (tokens, audio, results, sched.steps - before, max(widths))
+        (tok_seq, audio_seq, res_seq, steps_seq, width_seq), (tok_par, audio_par, res_par, steps_par, width_par) = (
+            runs[False], runs[True])
+        assert len(res_par) == len(res_seq) >= 6
+        assert tok_par == tok_seq and np.array_equal(audio_par, audio_seq)
+        assert [r.sentence for r in res_par] == [r.sentence for r in res_seq]  # text order
+        assert res_par[-1].is_last and not any(r.is_last for r in res_par[:-1])
+        assert width_seq == 1 and width_par == 2  # side by side, capped at half the slots
+        assert steps_par < 0.7 * steps_seq
+        assert sched.load["requests"] == 0 and sched.load["decoding"] == 0
+    finally:
+        studio.close()
+
+
+def test_cancelling_a_whole_file_frees_every_slot_of_its_sentences() -> None:
+    studio = _studio(scheduler_slots=4)
+    try:
+        sched = studio.scheduler(studio.cloner().models)
+        opts = SynthesisOptions(seed=1, early_stop_num=1000, text_split_method="cut5")
+        studio.synthesize(WHOLE_TEXT, "en", _reference(), opts)  # submitted now (its results are never read)
+        for _ in range(1000):
+            if sched.load["decoding"] == 2:
+                break
+            threading.Event().wait(0.01)
+        assert sched.load["decoding"] == 2  # two sentences side by side
+        (request,) = sched._active
+        steps = sched.steps
+        request.cancel()  # what closing its results does (the HTTP layer, when a client goes away)
+        for _ in range(200):
+            if sched.load["decoding"] == 0 and sched.load["requests"] == 0:
+                break
+            threading.Event().wait(0.01)
+        assert sched.load == {"slots": 4, "decoding": 0, "waiting": 0, "queued": 0, "requests": 0}
+        assert sched.steps - steps <= 2
+        assert join(studio.synthesize(TEXTS[1], "en", _reference(), opts.replace(early_stop_num=20)))[1].size
     finally:
         studio.close()
