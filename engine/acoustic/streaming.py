@@ -243,6 +243,67 @@ def batch_bucket(n: int) -> int:
     return next((b for b in BATCH_BUCKETS if b >= n), n)
 
 
+# The fixed cost of one more sub-batch (its kernel launches), in padded output frame-rows: on an H200 a chunk
+# decode costs about 20 ms whatever its size, and a padded frame-row about 0.04 ms (benchmarks/acoustic_shapes.py)
+GROUP_OVERHEAD_FRAMES = 512
+
+
+def width_groups(widths: Sequence[int], overhead: int = GROUP_OVERHEAD_FRAMES) -> list[list[int]]:
+    """Split rows of ``widths`` output frames into sub-batches of similar width, as lists of row indices.
+
+    The rows sorted by :func:`width_bucket` are cut into runs that minimise the padded work, sum over the
+    sub-batches of ``batch_bucket(rows) * width_bucket(widest)`` plus ``overhead`` each: one long row (a sentence's
+    last chunk, a whole sentence) no longer pads every short chunk of the round to its width."""
+    if not widths:
+        return []
+    bucket = [width_bucket(w) for w in widths]
+    sizes = sorted(set(bucket))
+    count = [bucket.count(b) for b in sizes]
+    best, cut = [0] + [math.inf] * len(sizes), [0] * (len(sizes) + 1)
+    for j in range(1, len(sizes) + 1):  # best[j]: the cheapest split of the j narrowest buckets
+        rows = 0
+        for i in range(j, 0, -1):  # the last sub-batch holds buckets i-1 .. j-1
+            rows += count[i - 1]
+            cost = best[i - 1] + batch_bucket(rows) * sizes[j - 1] + overhead
+            if cost < best[j]:
+                best[j], cut[j] = cost, i - 1
+    groups, j = [], len(sizes)
+    while j:
+        members = set(sizes[cut[j]:j])
+        groups.append([k for k in range(len(widths)) if bucket[k] in members])
+        j = cut[j]
+    return groups[::-1]
+
+
+def out_frames(sovits, row: dict) -> int:
+    """The latent frames a :func:`decode_streaming_batch` row voices (its crop)."""
+    n = row["codes"].numel()
+    frame = 2 if sovits.dims.semantic_frame_rate == "25hz" else 1
+    return frame * (n if row["result_length"] is None else min(n, row["result_length"]))
+
+
+def decode_rows(sovits, rows: Sequence[dict], noise_scale: float = 0.5, buckets: bool = False,
+                ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """:func:`decode_streaming_batch` of ``rows``; with ``buckets``, in sub-batches of similar output width
+    (:func:`width_groups`), each padded to bucketed shapes. Results in the order of ``rows``."""
+    if not buckets or len(rows) < 2:
+        return decode_streaming_batch(sovits, rows, noise_scale, buckets=buckets)
+    out: list = [None] * len(rows)
+    for group in width_groups([out_frames(sovits, r) for r in rows]):
+        for i, result in zip(group, decode_streaming_batch(sovits, [rows[i] for i in group], noise_scale,
+                                                           buckets=True)):
+            out[i] = result
+    return out
+
+
+def sentence_row(sovits, codes: torch.Tensor, phones: torch.Tensor, ge: torch.Tensor,
+                 generator: torch.Generator | None) -> dict:
+    """A :func:`decode_streaming_batch` row that voices a whole sentence (``codes`` (N,), ``phones`` (P,)) with
+    ``sovits``: the official ``SynthesizerTrn.decode`` at speed 1, its noise drawn from ``generator``."""
+    return {"sovits": sovits, "codes": codes.view(-1), "text": phones.view(-1), "ge": ge, "result_length": None,
+            "overlap_frames": None, "generator": generator}
+
+
 @torch.no_grad()
 def decode_streaming_batch(sovits, rows: Sequence[dict], noise_scale: float = 0.5, buckets: bool = False,
                            ) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -409,14 +470,25 @@ class SentenceStream:
 
 @torch.no_grad()
 def voice_together(streams: Sequence[SentenceStream], chunks: Sequence[tuple[Sequence[int], bool]],
-                   buckets: bool = False) -> list[torch.Tensor]:
+                   buckets: bool = False, sentences: Sequence[dict] = ()) -> list[torch.Tensor]:
     """One chunk for each of several different sentence streams, decoded in one batch where they share
     a model and speed 1 (else one by one). Returns each stream's audio, as :meth:`SentenceStream.voice`.
-    ``buckets``: decode in bucketed shapes (:func:`decode_streaming_batch`), a single stream too."""
-    if (len(streams) == 1 and not buckets) or any(s.speed != 1.0 or s.sovits is not streams[0].sovits
-                                                  for s in streams):
+    ``buckets``: decode in bucketed shapes, in sub-batches of similar width (:func:`decode_rows`), a single
+    stream too. ``sentences``: :func:`sentence_row` rows of whole sentences (same model, speed 1) decoded in the
+    same batches; their audio (samples,) follows the streams' in the result."""
+    sovits = streams[0].sovits if streams else sentences[0]["sovits"] if sentences else None
+    if any(r["sovits"] is not sovits for r in sentences):
+        raise ValueError("voice_together decodes the sentences of one model at once")
+    if not sentences and (len(streams) == 1 and not buckets):
         return [s.voice(t, f) for s, (t, f) in zip(streams, chunks)]
-    plans = [s._plan(t, f) for s, (t, f) in zip(streams, chunks)]
-    rows = [{**p, "ge": s.style} for s, p in zip(streams, plans)]
-    decoded = decode_streaming_batch(streams[0].sovits, rows, buckets=buckets)
-    return [s._finish(p, audio, latent) for s, p, (audio, latent) in zip(streams, plans, decoded)]
+    alone = [i for i, s in enumerate(streams) if s.speed != 1.0 or s.sovits is not sovits]
+    together = [i for i in range(len(streams)) if i not in set(alone)]
+    out: list = [None] * len(streams)
+    for i in alone:
+        out[i] = streams[i].voice(*chunks[i])
+    plans = [streams[i]._plan(*chunks[i]) for i in together]
+    rows = [{**p, "ge": streams[i].style} for i, p in zip(together, plans)]
+    decoded = decode_rows(sovits, [*rows, *sentences], buckets=buckets) if rows or sentences else []
+    for i, p, (audio, latent) in zip(together, plans, decoded):
+        out[i] = streams[i]._finish(p, audio, latent)
+    return out + [audio for audio, _ in decoded[len(rows):]]

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from engine.models.leaky_mask import leaky_masked
 from engine.models.sovits_modules import mark_weight_norm
 
 LRELU_SLOPE = 0.1  # inside resblocks and before each upsampler; conv_post gets F.leaky_relu's 0.01
@@ -44,8 +45,8 @@ class ResBlock1(nn.Module):
         """``mask`` (B, 1, T): zero every conv's input past each row's length, so a right-padded row gives
         the numbers of the row alone (whose convs see zeros there); positions past the length are garbage."""
         for c1, c2 in zip(self.convs1, self.convs2):
-            xt = c1(_masked(F.leaky_relu(x, LRELU_SLOPE), mask))
-            xt = c2(_masked(F.leaky_relu(xt, LRELU_SLOPE), mask))
+            xt = c1(leaky_masked(x, LRELU_SLOPE, mask))
+            xt = c2(leaky_masked(xt, LRELU_SLOPE, mask))
             x = xt + x
         return x
 
@@ -98,7 +99,7 @@ class Generator(nn.Module):
         if g is not None:
             x = x + self.cond(g)
         for i in range(self.num_upsamples):
-            x = self.ups[i](_masked(F.leaky_relu(x, LRELU_SLOPE), mask))
+            x = self.ups[i](leaky_masked(x, LRELU_SLOPE, mask))
             if mask is not None:  # a transposed conv of stride u with padding (k - u) / 2: frame t -> [u t, u t + u)
                 mask = mask.repeat_interleave(self.ups[i].stride[0], dim=2)
             xs = None
@@ -106,5 +107,5 @@ class Generator(nn.Module):
                 r = self.resblocks[i * self.num_kernels + j](x, mask)
                 xs = r if xs is None else xs + r
             x = xs / self.num_kernels
-        x = self.conv_post(_masked(F.leaky_relu(x), mask))  # default slope 0.01 here (official)
+        x = self.conv_post(leaky_masked(x, 0.01, mask))  # F.leaky_relu's default slope here (official)
         return torch.tanh(x)

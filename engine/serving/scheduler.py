@@ -697,24 +697,29 @@ class Scheduler:
             elif not (request.cancelled or request.finished):
                 live.append(job)
         chunks = [j for j in live if j[0] == "chunk" and j[3][0] is not None]
+        wholes = [j for j in live if j[0] == "whole" and self._voiced_in_batches(j[1])] if self.batch_acoustic else []
         buckets = self.config.acoustic_buckets
-        if self.batch_acoustic and (len(chunks) > 1 or (chunks and buckets)):
+        if self.batch_acoustic and (len(chunks) + len(wholes) > 1 or ((chunks or wholes) and buckets)):
             from engine.acoustic.streaming import voice_together
 
+            batched = chunks + wholes
             try:
                 with torch.inference_mode():
-                    audios = voice_together([j[4] for j in chunks], [j[3] for j in chunks], buckets=buckets)
+                    audios = voice_together([j[4] for j in chunks], [j[3] for j in chunks], buckets=buckets,
+                                            sentences=[self._sentence_row(j) for j in wholes])
             except Exception as e:
                 log.exception("acoustic stage failed")
                 self._event("acoustic_failure")
-                for j in chunks:
+                for j in batched:
                     j[1].finish(e)
                     j[1].cancel()
                 audios = None
             if audios is not None:
                 for (_, request, sentence, (toks, final), _), audio in zip(chunks, audios):
                     self._put_chunk(request, sentence, toks, final, audio)
-            live = [j for j in live if j not in chunks]
+                for (_, request, sentence, out, _), audio in zip(wholes, audios[len(chunks):]):
+                    self._put_sentence(request, sentence, out, audio)
+            live = [j for j in live if j not in batched]
         for kind, request, sentence, payload, voice in live:
             try:
                 self._run_acoustic(kind, request, sentence, payload, voice)
@@ -735,10 +740,35 @@ class Scheduler:
         if final and ctx.gap.size:
             request.put(Piece(ctx.gap, sentence, (), "silence", True))
 
-    @torch.inference_mode()
-    def _run_acoustic(self, kind: str, request: Request, sentence: Any, payload: Any, voice: Any) -> None:
+    def _voiced_in_batches(self, request: Request) -> bool:
+        """Whether a whole sentence of ``request`` can join the batched chunk decodes: a SoVITS model that voices
+        tokens itself (not v3/v4's CFM + vocoder) at speed 1."""
+        ctx: Context = request.context
+        return not self.models.uses_vocoder and ctx.options.speed_factor == 1.0
+
+    def _sentence_row(self, job: tuple) -> dict:
+        """The batched-decode row of a whole sentence: the official decode of its tokens, noise from the
+        generator its request's seed gives this sentence (as when it is voiced alone)."""
+        from engine.acoustic.streaming import sentence_row
+
+        _, request, sentence, out, _ = job
+        ctx: Context = request.context
+        m, dev = self.models, self.models.device
+        gen = torch.Generator(device=dev).manual_seed(stream_key(ctx.seed, sentence.index))
+        ge = m.sovits.style_vector(list(ctx.ref.specs), list(ctx.ref.sv) if ctx.ref.sv is not None else None)
+        phones = torch.tensor(sentence.phones, dtype=torch.long, device=dev)
+        return sentence_row(m.sovits, out.tokens.to(dev), phones, ge, gen)
+
+    def _put_sentence(self, request: Request, sentence: Any, out: T2SOutput, audio: torch.Tensor) -> None:
         from engine.audio import postprocess
 
+        ctx: Context = request.context
+        a = postprocess(audio)
+        a = np.concatenate([a, ctx.gap]) if ctx.gap.size else a
+        request.put(Piece(a, sentence, tuple(int(t) for t in out.tokens.tolist()), "speech", True))
+
+    @torch.inference_mode()
+    def _run_acoustic(self, kind: str, request: Request, sentence: Any, payload: Any, voice: Any) -> None:
         ctx: Context = request.context
         if kind == "chunk":
             toks, final = payload
@@ -747,9 +777,7 @@ class Scheduler:
         out: T2SOutput = payload
         gen = torch.Generator(device=self.models.device).manual_seed(stream_key(ctx.seed, sentence.index))
         audio = ctx.cloner._acoustic([sentence], [out], ctx.ref, ctx.options, ctx.plan, gen)[0]
-        a = postprocess(audio)
-        a = np.concatenate([a, ctx.gap]) if ctx.gap.size else a
-        request.put(Piece(a, sentence, tuple(int(t) for t in out.tokens.tolist()), "speech", True))
+        self._put_sentence(request, sentence, out, audio)
 
 
 def _round(pending: deque) -> tuple[list, deque]:

@@ -468,6 +468,27 @@ def test_shape_buckets_bound_the_padding():
     assert all(b2 <= 2 * b1 for b1, b2 in zip(BATCH_BUCKETS, BATCH_BUCKETS[1:]))
 
 
+def test_a_round_splits_into_sub_batches_of_similar_width():
+    """One long row (a sentence's last chunk, a whole sentence) must not pad every short chunk to its width."""
+    from engine.acoustic.streaming import GROUP_OVERHEAD_FRAMES, batch_bucket, width_bucket, width_groups
+
+    def cost(groups, widths):
+        return sum(batch_bucket(len(g)) * width_bucket(max(widths[i] for i in g)) + GROUP_OVERHEAD_FRAMES
+                   for g in groups)
+
+    rng = np.random.default_rng(0)
+    for widths in ([40] * 30 + [400], [48] * 3, [200], list(rng.integers(30, 450, 57)), [40, 41, 60, 90, 130, 200]):
+        widths = [int(w) for w in widths]
+        groups = width_groups(widths)
+        assert sorted(i for g in groups for i in g) == list(range(len(widths)))  # every row once
+        for a, b in zip(groups, groups[1:]):  # runs of widths: every row of a group is narrower than the next's
+            assert max(width_bucket(widths[i]) for i in a) < min(width_bucket(widths[i]) for i in b)
+        assert cost(groups, widths) <= cost([list(range(len(widths)))], widths)  # never worse than one batch
+    assert len(width_groups([40] * 30 + [400])) == 2  # the long one alone
+    assert len(width_groups([48, 40, 33])) == 1  # one bucket: one batch
+    assert width_groups([]) == []
+
+
 @pytest.mark.parametrize("version", ["v2", "v2ProPlus"])
 def test_references_prepared_together_share_batches_and_get_their_features_alone(version):
     """What Studio gives its cloners on CUDA, on the CPU: concurrent references' clips meet in one HuBERT

@@ -99,6 +99,33 @@ def test_streams_voiced_in_bucketed_batches_get_their_audio_alone(monkeypatch) -
         studio.close()
 
 
+def test_whole_sentences_voiced_in_batches_get_their_audio_alone(monkeypatch) -> None:
+    """On CUDA whole sentences join the round's batched decodes (sub-batches of similar width); forced on the
+    CPU, each whole file is what it is alone (the official decode of each sentence), up to float32 rounding."""
+    import engine.acoustic.streaming as streaming
+
+    batches: list[int] = []
+    decode = streaming.decode_streaming_batch
+
+    def spy(sovits, rows, *args, **kwargs):
+        batches.append(sum(r["result_length"] is None and r["overlap_frames"] is None for r in rows))
+        return decode(sovits, rows, *args, **kwargs)
+
+    studio = _studio(scheduler_slots=4)
+    try:
+        alone = [_run(studio, t, 7 + i, False, top_k=20) for i, t in enumerate(TEXTS)]
+        monkeypatch.setattr(streaming, "decode_streaming_batch", spy)
+        studio.scheduler(studio.cloner().models).batch_acoustic = True
+        together = _concurrently(lambda i: _run(studio, TEXTS[i], 7 + i, False, top_k=20), len(TEXTS))
+        assert batches and max(batches) > 1  # sentences shared a decode
+        for (tokens_a, audio_a, _), (tokens_b, audio_b, _) in zip(alone, together):
+            assert tokens_a == tokens_b
+            assert audio_a.shape == audio_b.shape
+            np.testing.assert_allclose(audio_b.astype(np.float64), audio_a.astype(np.float64), rtol=0, atol=2e-5)
+    finally:
+        studio.close()
+
+
 def test_greedy_tokens_match_the_reference_decoder() -> None:
     """top_k=1 leaves no randomness: the slot decoder must give the official naive loop's tokens."""
     studio = _studio(scheduler_slots=2)
