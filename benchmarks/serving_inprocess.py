@@ -93,8 +93,9 @@ def level(studio, clients: int, duration: float, stream: bool, tokens: int, clip
           pyspy: tuple[str, float] | None, torch_profile: bool = False, texts=TEXTS) -> dict:
     scheds = list(studio._schedulers.values())
     sched = scheds[0] if scheds else None
-    before = (sched.steps, sched.tokens, sched.t2s_seconds, sched.acoustic_seconds, sched.acoustic_rounds,
-              sched.acoustic_chunks) if sched else None
+    counters = ("steps", "tokens", "t2s_seconds", "acoustic_seconds", "acoustic_rounds", "acoustic_chunks",
+                "prefill_seconds", "prefills")
+    before = [getattr(sched, k) for k in counters] if sched else None
     records: list[dict] = []
     lock = threading.Lock()
     deadline = time.perf_counter() + duration
@@ -135,11 +136,11 @@ def level(studio, clients: int, duration: float, stream: bool, tokens: int, clip
     if kernels is not None:
         out["kernels"] = kernels
     if sched is not None:
-        d = [a - b for a, b in zip((sched.steps, sched.tokens, sched.t2s_seconds, sched.acoustic_seconds,
-                                    sched.acoustic_rounds, sched.acoustic_chunks), before)]
+        d = [getattr(sched, k) - b for k, b in zip(counters, before)]
         out.update(decode_steps=d[0], t2s_tokens_per_s=round(d[1] / wall), t2s_busy_s=round(d[2], 2),
                    acoustic_busy_s=round(d[3], 2), acoustic_rounds=d[4],
-                   chunks_per_round=round(d[5] / d[4], 1) if d[4] else 0)
+                   chunks_per_round=round(d[5] / d[4], 1) if d[4] else 0, prefill_busy_s=round(d[6], 2),
+                   prefills=d[7])
     return out
 
 

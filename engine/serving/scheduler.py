@@ -168,6 +168,8 @@ class Scheduler:
         self.steps = 0  # decode steps run (for benchmarks)
         self.tokens = 0  # tokens decoded
         self.t2s_seconds = 0.0  # time in decode steps (host and device)
+        self.prefill_seconds = 0.0  # time in prefills of arrivals (host and device)
+        self.prefills = 0
         self.acoustic_seconds = 0.0  # time in acoustic rounds
         self.acoustic_rounds = 0
         self.acoustic_chunks = 0
@@ -373,8 +375,11 @@ class Scheduler:
             try:
                 self._drop(cancelled)
                 if arrivals:
+                    t0 = time.perf_counter()
                     with self.gate.work():
                         self._prefill(arrivals)
+                    self.prefill_seconds += time.perf_counter() - t0
+                    self.prefills += 1
                     arrivals = []
                 if self._n:
                     t0 = time.perf_counter()
