@@ -246,6 +246,9 @@ def batch_bucket(n: int) -> int:
 # The fixed cost of one more sub-batch (its kernel launches), in padded output frame-rows: on an H200 a chunk
 # decode costs about 20 ms whatever its size, and a padded frame-row about 0.04 ms (benchmarks/acoustic_shapes.py)
 GROUP_OVERHEAD_FRAMES = 512
+# the most padded output frame-rows decoded at once (rows x width): bounds the decoder's activations (at fp16 about
+# 1 GB for its last upsampling stage), so a round of long whole sentences is split instead of running out of memory
+MAX_BATCH_FRAMES = 128 * 256
 
 
 def width_groups(widths: Sequence[int], overhead: int = GROUP_OVERHEAD_FRAMES) -> list[list[int]]:
@@ -289,10 +292,13 @@ def decode_rows(sovits, rows: Sequence[dict], noise_scale: float = 0.5, buckets:
     if not buckets or len(rows) < 2:
         return decode_streaming_batch(sovits, rows, noise_scale, buckets=buckets)
     out: list = [None] * len(rows)
-    for group in width_groups([out_frames(sovits, r) for r in rows]):
-        for i, result in zip(group, decode_streaming_batch(sovits, [rows[i] for i in group], noise_scale,
-                                                           buckets=True)):
-            out[i] = result
+    widths = [out_frames(sovits, r) for r in rows]
+    for group in width_groups(widths):
+        size = max(1, MAX_BATCH_FRAMES // width_bucket(max(widths[i] for i in group)))
+        for part in (group[k:k + size] for k in range(0, len(group), size)):
+            for i, result in zip(part, decode_streaming_batch(sovits, [rows[i] for i in part], noise_scale,
+                                                              buckets=True)):
+                out[i] = result
     return out
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import threading
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -487,6 +488,24 @@ def test_a_round_splits_into_sub_batches_of_similar_width():
     assert len(width_groups([40] * 30 + [400])) == 2  # the long one alone
     assert len(width_groups([48, 40, 33])) == 1  # one bucket: one batch
     assert width_groups([]) == []
+
+
+def test_a_round_of_long_rows_is_split_to_bound_memory(monkeypatch):
+    import engine.acoustic.streaming as streaming
+
+    sizes: list[tuple[int, int]] = []
+
+    def fake(sovits, rows, noise_scale=0.5, buckets=False):
+        sizes.append((len(rows), max(streaming.out_frames(sovits, r) for r in rows)))
+        return [(torch.zeros(1), torch.zeros(1)) for _ in rows]
+
+    monkeypatch.setattr(streaming, "decode_streaming_batch", fake)
+    sovits = SimpleNamespace(dims=SimpleNamespace(semantic_frame_rate="25hz"))
+    rows = [{"codes": torch.zeros(1500, dtype=torch.long), "result_length": None} for _ in range(40)]
+    out = streaming.decode_rows(sovits, rows, buckets=True)
+    assert len(out) == 40 and sum(n for n, _ in sizes) == 40
+    assert all(n * streaming.width_bucket(w) <= streaming.MAX_BATCH_FRAMES for n, w in sizes)
+    assert len(sizes) > 1
 
 
 @pytest.mark.parametrize("version", ["v2", "v2ProPlus"])
