@@ -9,6 +9,7 @@ calls other than what the caller passes in.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterator, Sequence
 
@@ -251,23 +252,46 @@ GROUP_OVERHEAD_FRAMES = 512
 MAX_BATCH_FRAMES = 128 * 256
 
 
-def width_groups(widths: Sequence[int], overhead: int = GROUP_OVERHEAD_FRAMES) -> list[list[int]]:
-    """Split rows of ``widths`` output frames into sub-batches of similar width, as lists of row indices.
+@functools.lru_cache(maxsize=4096)  # a pure function of a few hundred (rows, width) pairs met in rounds
+def batch_split(rows: int, width: int, overhead: int = GROUP_OVERHEAD_FRAMES) -> tuple[float, tuple[int, ...]]:
+    """``rows`` rows padded to ``width`` frames as the sub-batch sizes that minimise the padded work,
+    ``batch_bucket(size) * width`` plus ``overhead`` each: 37 rows as 32 + 5 (padded to 6) instead of one batch of
+    48 that decodes 11 dummy rows. A sub-batch holds at most ``MAX_BATCH_FRAMES // width`` padded rows (one row
+    always fits). Returns (cost, sizes)."""
+    limit = max(1, MAX_BATCH_FRAMES // width)
+    best, take = [0.0] + [math.inf] * rows, [0] * (rows + 1)
+    for m in range(1, rows + 1):
+        # a size padded to a bucket b is never better than b real rows, so buckets and m itself are enough
+        for k in {b for b in BATCH_BUCKETS if b <= m} | {m}:
+            if k > 1 and batch_bucket(k) > limit:
+                continue
+            cost = best[m - k] + batch_bucket(k) * width + overhead
+            if cost < best[m]:
+                best[m], take[m] = cost, k
+    sizes, m = [], rows
+    while m:
+        sizes.append(take[m])
+        m -= take[m]
+    return best[rows], tuple(sorted(sizes, reverse=True))
 
-    The rows sorted by :func:`width_bucket` are cut into runs that minimise the padded work, sum over the
-    sub-batches of ``batch_bucket(rows) * width_bucket(widest)`` plus ``overhead`` each: one long row (a sentence's
-    last chunk, a whole sentence) no longer pads every short chunk of the round to its width."""
+
+def width_groups(widths: Sequence[int], overhead: int = GROUP_OVERHEAD_FRAMES) -> list[list[int]]:
+    """Split rows of ``widths`` output frames into groups of similar width, as lists of row indices.
+
+    The rows sorted by :func:`width_bucket` are cut into runs that minimise the padded work (each run decoded in
+    the sub-batches of :func:`batch_split` at its widest bucket): one long row (a sentence's last chunk, a whole
+    sentence) no longer pads every short chunk of the round to its width."""
     if not widths:
         return []
     bucket = [width_bucket(w) for w in widths]
     sizes = sorted(set(bucket))
     count = [bucket.count(b) for b in sizes]
-    best, cut = [0] + [math.inf] * len(sizes), [0] * (len(sizes) + 1)
+    best, cut = [0.0] + [math.inf] * len(sizes), [0] * (len(sizes) + 1)
     for j in range(1, len(sizes) + 1):  # best[j]: the cheapest split of the j narrowest buckets
         rows = 0
-        for i in range(j, 0, -1):  # the last sub-batch holds buckets i-1 .. j-1
+        for i in range(j, 0, -1):  # the last group holds buckets i-1 .. j-1
             rows += count[i - 1]
-            cost = best[i - 1] + batch_bucket(rows) * sizes[j - 1] + overhead
+            cost = best[i - 1] + batch_split(rows, sizes[j - 1], overhead)[0]
             if cost < best[j]:
                 best[j], cut[j] = cost, i - 1
     groups, j = [], len(sizes)
@@ -287,15 +311,18 @@ def out_frames(sovits, row: dict) -> int:
 
 def decode_rows(sovits, rows: Sequence[dict], noise_scale: float = 0.5, buckets: bool = False,
                 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """:func:`decode_streaming_batch` of ``rows``; with ``buckets``, in sub-batches of similar output width
-    (:func:`width_groups`), each padded to bucketed shapes. Results in the order of ``rows``."""
+    """:func:`decode_streaming_batch` of ``rows``; with ``buckets``, in groups of similar output width
+    (:func:`width_groups`), each in the sub-batches of :func:`batch_split`, padded to bucketed shapes. Results in the
+    order of ``rows``."""
     if not buckets or len(rows) < 2:
         return decode_streaming_batch(sovits, rows, noise_scale, buckets=buckets)
     out: list = [None] * len(rows)
     widths = [out_frames(sovits, r) for r in rows]
     for group in width_groups(widths):
-        size = max(1, MAX_BATCH_FRAMES // width_bucket(max(widths[i] for i in group)))
-        for part in (group[k:k + size] for k in range(0, len(group), size)):
+        start = 0
+        for size in batch_split(len(group), width_bucket(max(widths[i] for i in group)))[1]:
+            part = group[start:start + size]
+            start += size
             for i, result in zip(part, decode_streaming_batch(sovits, [rows[i] for i in part], noise_scale,
                                                               buckets=True)):
                 out[i] = result

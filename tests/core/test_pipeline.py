@@ -471,11 +471,10 @@ def test_shape_buckets_bound_the_padding():
 
 def test_a_round_splits_into_sub_batches_of_similar_width():
     """One long row (a sentence's last chunk, a whole sentence) must not pad every short chunk to its width."""
-    from engine.acoustic.streaming import GROUP_OVERHEAD_FRAMES, batch_bucket, width_bucket, width_groups
+    from engine.acoustic.streaming import batch_split, width_bucket, width_groups
 
     def cost(groups, widths):
-        return sum(batch_bucket(len(g)) * width_bucket(max(widths[i] for i in g)) + GROUP_OVERHEAD_FRAMES
-                   for g in groups)
+        return sum(batch_split(len(g), width_bucket(max(widths[i] for i in g)))[0] for g in groups)
 
     rng = np.random.default_rng(0)
     for widths in ([40] * 30 + [400], [48] * 3, [200], list(rng.integers(30, 450, 57)), [40, 41, 60, 90, 130, 200]):
@@ -488,6 +487,22 @@ def test_a_round_splits_into_sub_batches_of_similar_width():
     assert len(width_groups([40] * 30 + [400])) == 2  # the long one alone
     assert len(width_groups([48, 40, 33])) == 1  # one bucket: one batch
     assert width_groups([]) == []
+
+
+def test_a_batch_is_split_rather_than_padded_with_many_dummy_rows():
+    from engine.acoustic.streaming import BATCH_BUCKETS, GROUP_OVERHEAD_FRAMES, batch_bucket, batch_split
+
+    cost, sizes = batch_split(37, 128)
+    assert sum(sizes) == 37 and sum(batch_bucket(k) for k in sizes) < 48  # not one batch of 48 (11 dummies)
+    assert cost < batch_bucket(37) * 128 + GROUP_OVERHEAD_FRAMES
+    for rows in range(1, 130):
+        for width in (16, 64, 256, 1024, 4096):
+            cost, sizes = batch_split(rows, width)
+            assert sum(sizes) == rows and all(k >= 1 for k in sizes)
+            assert cost <= batch_bucket(rows) * width + GROUP_OVERHEAD_FRAMES or batch_bucket(rows) * width > 128 * 256
+            assert all(k == 1 or batch_bucket(k) * width <= 128 * 256 for k in sizes)  # memory bound
+            assert sum(k not in BATCH_BUCKETS for k in sizes) <= 1  # dummy rows pad one sub-batch at most
+    assert batch_split(48, 64)[1] == (48,)  # a bucket size stays one batch
 
 
 def test_a_round_of_long_rows_is_split_to_bound_memory(monkeypatch):
