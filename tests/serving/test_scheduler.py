@@ -38,6 +38,14 @@ def _run(studio: Studio, text: str, seed: int, stream: bool, **options):
     return [r.tokens for r in results], join(results)[1], results
 
 
+def _until(condition, seconds: float) -> None:
+    """Wait until ``condition()`` holds, at most ``seconds`` (the assertions after it say what was expected)."""
+    for _ in range(int(seconds / 0.01)):
+        if condition():
+            return
+        threading.Event().wait(0.01)
+
+
 def _concurrently(work, n: int) -> list:
     """``[work(0), ..., work(n - 1)]``, each called on a thread of its own, all at once."""
     out: list = [None] * n
@@ -150,10 +158,7 @@ def test_closing_the_results_frees_the_slot_within_one_step() -> None:
         assert sched.load["decoding"] == 1
         steps = sched.steps
         results.close()
-        for _ in range(200):
-            if sched.load["decoding"] == 0 and sched.load["requests"] == 0:
-                break
-            threading.Event().wait(0.01)
+        _until(lambda: sched.load["decoding"] == 0 and sched.load["requests"] == 0, seconds=2)
         assert sched.load == {"slots": 2, "decoding": 0, "waiting": 0, "queued": 0, "requests": 0}
         assert sched.steps - steps <= 1
     finally:
@@ -304,18 +309,12 @@ def test_cancelling_a_whole_file_frees_every_slot_of_its_sentences() -> None:
         sched = studio.scheduler(studio.cloner().models)
         opts = SynthesisOptions(seed=1, early_stop_num=1000, text_split_method="cut5")
         studio.synthesize(WHOLE_TEXT, "en", _reference(), opts)  # submitted now (its results are never read)
-        for _ in range(1000):
-            if sched.load["decoding"] == 2:
-                break
-            threading.Event().wait(0.01)
+        _until(lambda: sched.load["decoding"] == 2, seconds=10)
         assert sched.load["decoding"] == 2  # two sentences side by side
         (request,) = sched._active
         steps = sched.steps
         request.cancel()  # what closing its results does (the HTTP layer, when a client goes away)
-        for _ in range(200):
-            if sched.load["decoding"] == 0 and sched.load["requests"] == 0:
-                break
-            threading.Event().wait(0.01)
+        _until(lambda: sched.load["decoding"] == 0 and sched.load["requests"] == 0, seconds=2)
         assert sched.load == {"slots": 4, "decoding": 0, "waiting": 0, "queued": 0, "requests": 0}
         assert sched.steps - steps <= 2
         assert join(studio.synthesize(TEXTS[1], "en", _reference(), opts.replace(early_stop_num=20)))[1].size
