@@ -224,11 +224,15 @@ def reference_spectrogram(audio32k: torch.Tensor) -> torch.Tensor:
     return linear_spectrogram(audio32k, SPEC_N_FFT, SPEC_HOP, SPEC_WIN)
 
 
+def _sv_fbank(audio32k: torch.Tensor, sovits_sample_rate: int) -> torch.Tensor:
+    """The speaker model's input of one clip (1, n32): 32 -> 16 kHz, Kaldi fbank (frames, 80)."""
+    return kaldi_fbank(resample_sinc(audio32k, sovits_sample_rate, SV_SAMPLE_RATE)[0])
+
+
 @torch.no_grad()
 def sv_embedding(audio32k: torch.Tensor, sv_model: torch.nn.Module, sovits_sample_rate: int = SPEC_SAMPLE_RATE) -> torch.Tensor:
     """v2Pro/v2ProPlus speaker embedding (1, 20480): 32 -> 16 kHz, Kaldi fbank, ERes2NetV2."""
-    wav16k = resample_sinc(audio32k, sovits_sample_rate, SV_SAMPLE_RATE)  # (1, n16)
-    feats = torch.stack([kaldi_fbank(row) for row in wav16k])  # (1, frames, 80)
+    feats = _sv_fbank(audio32k, sovits_sample_rate).unsqueeze(0)  # (1, frames, 80)
     param = next(sv_model.parameters())
     return sv_model.embed_frames(feats.to(device=param.device, dtype=param.dtype))
 
@@ -240,7 +244,7 @@ def sv_embeddings(audios32k: Sequence[torch.Tensor], sv_model: torch.nn.Module,
     clip alone gives, up to rounding (``ERes2NetV2.embed_frames`` with each row's frames)."""
     if len(audios32k) == 1:
         return [sv_embedding(audios32k[0], sv_model, sovits_sample_rate)]
-    feats = [kaldi_fbank(resample_sinc(a, sovits_sample_rate, SV_SAMPLE_RATE)[0]) for a in audios32k]
+    feats = [_sv_fbank(a, sovits_sample_rate) for a in audios32k]
     frames = torch.tensor([f.shape[0] for f in feats])
     param = next(sv_model.parameters())
     batch = pad_sequence(feats, batch_first=True).to(device=param.device, dtype=param.dtype)

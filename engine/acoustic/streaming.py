@@ -514,8 +514,8 @@ def voice_together(streams: Sequence[SentenceStream], chunks: Sequence[tuple[Seq
         raise ValueError("voice_together decodes the sentences of one model at once")
     if not sentences and (len(streams) == 1 and not buckets):
         return [s.voice(t, f) for s, (t, f) in zip(streams, chunks)]
-    alone = [i for i, s in enumerate(streams) if s.speed != 1.0 or s.sovits is not sovits]
-    together = [i for i in range(len(streams)) if i not in set(alone)]
+    alone = {i for i, s in enumerate(streams) if s.speed != 1.0 or s.sovits is not sovits}
+    together = [i for i in range(len(streams)) if i not in alone]
     out: list = [None] * len(streams)
     for i in alone:
         out[i] = streams[i].voice(*chunks[i])

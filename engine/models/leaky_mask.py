@@ -10,23 +10,17 @@ and masked positions are exactly zero.
 from __future__ import annotations
 
 import importlib
-import importlib.util
-import os
 
 import torch
 import torch.nn.functional as F
 
-
-def _fused(x: torch.Tensor) -> bool:
-    if importlib.util.find_spec("triton") is None or not x.is_contiguous():
-        return False
-    return x.device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+from engine.t2s.kernels import triton_available
 
 
 def leaky_masked(x: torch.Tensor, slope: float, mask: torch.Tensor | None) -> torch.Tensor:
     """``leaky_relu(x, slope)`` of ``x`` (B, C, T), zero where ``mask`` (B, 1, T) is 0 (None: no mask)."""
     if mask is None:
         return F.leaky_relu(x, slope)
-    if _fused(x):
+    if x.is_contiguous() and triton_available(x.device):
         return importlib.import_module("engine.models.leaky_mask_triton").leaky_masked(x, slope, mask)
     return F.leaky_relu(x, slope) * mask

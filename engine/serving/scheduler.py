@@ -214,10 +214,8 @@ class Scheduler:
         """Whole files (not streams, not fragments) decode their sentences side by side, as the official
         ``parallel_infer`` batches them: the caller waits for all of them anyway. A sentence's numbers do not
         depend on its neighbours (its own noise keys; masked rows), so this changes the wait, not the audio."""
-        ctx = request.context
-        plan = getattr(ctx, "plan", None)
-        return (not ctx.stream and plan is not None and plan.parallel_infer and not plan.return_fragment
-                and len(request.texts) > 1)
+        ctx: Context = request.context
+        return not ctx.stream and ctx.plan.parallel_infer and not ctx.plan.return_fragment and len(request.texts) > 1
 
     def _more_sentences(self, request: Request, sentence: Any, error: BaseException | None) -> None:
         """The next sentence of a parallel whole-file request is featurised (None: there are no more): it
@@ -711,7 +709,7 @@ class Scheduler:
             try:
                 with torch.inference_mode():
                     audios = voice_together([j[4] for j in chunks], [j[3] for j in chunks], buckets=buckets,
-                                            sentences=[self._sentence_row(j) for j in wholes])
+                                            sentences=self._sentence_rows(wholes))
             except Exception as e:
                 log.exception("acoustic stage failed")
                 self._event("acoustic_failure")
@@ -751,18 +749,25 @@ class Scheduler:
         ctx: Context = request.context
         return not self.models.uses_vocoder and ctx.options.speed_factor == 1.0
 
-    def _sentence_row(self, job: tuple) -> dict:
-        """The batched-decode row of a whole sentence: the official decode of its tokens, noise from the
-        generator its request's seed gives this sentence (as when it is voiced alone)."""
+    def _sentence_rows(self, jobs: list) -> list[dict]:
+        """The batched-decode rows of whole sentences: the official decode of each one's tokens, noise from the
+        generator its request's seed gives the sentence (as when it is voiced alone); the style vector of a
+        reference once for all its sentences in the round."""
         from engine.acoustic.streaming import sentence_row
 
-        _, request, sentence, out, _ = job
-        ctx: Context = request.context
         m, dev = self.models, self.models.device
-        gen = torch.Generator(device=dev).manual_seed(stream_key(ctx.seed, sentence.index))
-        ge = m.sovits.style_vector(list(ctx.ref.specs), list(ctx.ref.sv) if ctx.ref.sv is not None else None)
-        phones = torch.tensor(sentence.phones, dtype=torch.long, device=dev)
-        return sentence_row(m.sovits, out.tokens.to(dev), phones, ge, gen)
+        styles: dict[int, torch.Tensor] = {}
+        rows = []
+        for _, request, sentence, out, _ in jobs:
+            ctx: Context = request.context
+            ge = styles.get(id(ctx.ref))
+            if ge is None:
+                ge = styles[id(ctx.ref)] = m.sovits.style_vector(
+                    list(ctx.ref.specs), list(ctx.ref.sv) if ctx.ref.sv is not None else None)
+            gen = torch.Generator(device=dev).manual_seed(stream_key(ctx.seed, sentence.index))
+            phones = torch.tensor(sentence.phones, dtype=torch.long, device=dev)
+            rows.append(sentence_row(m.sovits, out.tokens.to(dev), phones, ge, gen))
+        return rows
 
     def _put_sentence(self, request: Request, sentence: Any, out: T2SOutput, audio: torch.Tensor) -> None:
         from engine.audio import postprocess
