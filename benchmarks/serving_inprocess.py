@@ -141,6 +141,10 @@ def level(studio, clients: int, duration: float, stream: bool, tokens: int, clip
                    acoustic_busy_s=round(d[3], 2), acoustic_rounds=d[4],
                    chunks_per_round=round(d[5] / d[4], 1) if d[4] else 0, prefill_busy_s=round(d[6], 2),
                    prefills=d[7])
+        graphs = getattr(sched, "acoustic_graphs", None)
+        if graphs is not None:  # totals since start: graphs held, replays and eager calls per stage
+            out["acoustic_graphs"] = {name: {"graphs": len(bank), "replays": bank.replays, "eager": bank.eager}
+                                      for name, bank in (("encoders", graphs.encoders), ("voices", graphs.voices))}
     return out
 
 
@@ -158,6 +162,7 @@ def main() -> int:
     p.add_argument("--langs", default="zh,en,ja", help="text languages, taken in turn")
     p.add_argument("--convs", default="auto", help="EngineSettings.conv_backend: auto, cudnn, native")
     p.add_argument("--context", type=int, default=2048, help="EngineSettings.scheduler_context")
+    p.add_argument("--acoustic-graphs", choices=("on", "off"), default="on", help="EngineSettings.acoustic_graphs")
     p.add_argument("--clips", type=int, default=256, help="distinct client clips (the reference cache misses)")
     p.add_argument("--pyspy", default=None, help="py-spy binary: sample the GIL holder during one level")
     p.add_argument("--pyspy-level", type=int, default=8, help="the client count sampled by --pyspy")
@@ -177,7 +182,7 @@ def main() -> int:
         t0 = time.perf_counter()
         config = args.config or str(make_test_weights(work, args.version, full_size=args.full_size))
         studio = Studio.from_config(config, device=args.device, precision=args.precision, settings=EngineSettings(
-            conv_backend=args.convs, scheduler_context=args.context))
+            conv_backend=args.convs, scheduler_context=args.context, acoustic_graphs=args.acoustic_graphs == "on"))
         studio.readiness = Readiness()
         langs = tuple(args.langs.split(","))
         texts = tuple(t for t in TEXTS if t[0] in langs)

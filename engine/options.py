@@ -259,11 +259,13 @@ class EngineSettings:
     conv_backend: str = "auto"
     # streaming chunks voiced in batches (CUDA) are padded to bucketed shapes, so convolution plans are reused
     acoustic_buckets: bool = True
+    # bucketed acoustic batches (CUDA) replay CUDA graphs of the shapes met (engine.acoustic.graphs)
+    acoustic_graphs: bool = True
 
     def __post_init__(self) -> None:
         if self.conv_backend not in ("auto", "cudnn", "native"):
             raise OptionsError(f"conv_backend must be auto, cudnn or native, got {self.conv_backend!r}")
-        for name in ("scheduler", "acoustic_buckets"):
+        for name in ("scheduler", "acoustic_buckets", "acoustic_graphs"):
             if not isinstance(getattr(self, name), bool):
                 raise OptionsError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if not _is_int(self.scheduler_context) or self.scheduler_context < 64:

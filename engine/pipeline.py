@@ -762,7 +762,7 @@ class VoiceCloner:
         from engine.acoustic.streaming import SentenceStream
 
         m = self.models
-        return SentenceStream(m.sovits, torch.tensor(phones, dtype=torch.long, device=m.device), ref.specs,
+        return SentenceStream(m.sovits, torch.tensor(phones, dtype=torch.long), ref.specs,
                               list(ref.sv) if ref.sv is not None else None, opts.speed_factor,
                               opts.overlap_length, gen, fallback=self.fallback)
 
@@ -902,13 +902,14 @@ class Studio:
 
     def _count(self, event: str, n: int = 1) -> None:
         """A serving event (from a scheduler); graph captures are told apart by when they happened."""
-        if event == "graphs_captured":
-            event = f"graphs_captured_{'serving' if self.readiness.status == 'ready' else 'warmup'}"
+        if event in ("graphs_captured", "acoustic_graphs_captured"):
+            event = f"{event}_{'serving' if self.readiness.status == 'ready' else 'warmup'}"
         with self._lock:
             self._events[event] = self._events.get(event, 0) + n
 
     def serving_events(self) -> dict[str, int]:
-        """Counts of scheduler rebuilds, acoustic failures and graph captures (warm-up / serving)."""
+        """Counts of scheduler rebuilds, acoustic failures and graph captures (decode step / acoustic, warm-up /
+        serving)."""
         with self._lock:
             return dict(self._events)
 
@@ -971,7 +972,8 @@ class Studio:
                 s = self.settings
                 sched = Scheduler(models, SchedulerConfig(slots=s.scheduler_slots, queue=s.scheduler_queue,
                                                           context=s.scheduler_context, conv_backend=s.conv_backend,
-                                                          acoustic_buckets=s.acoustic_buckets),
+                                                          acoustic_buckets=s.acoustic_buckets,
+                                                          acoustic_graphs=s.acoustic_graphs),
                                   gate=self.gate, on_event=self._count, fallback=self.fallback)
                 old = self._schedulers.pop(models.id, None)
                 if old is not None:

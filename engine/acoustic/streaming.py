@@ -309,23 +309,27 @@ def out_frames(sovits, row: dict) -> int:
     return frame * (n if row["result_length"] is None else min(n, row["result_length"]))
 
 
-def decode_rows(sovits, rows: Sequence[dict], noise_scale: float = 0.5, buckets: bool = False,
-                ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """:func:`decode_streaming_batch` of ``rows``; with ``buckets``, in groups of similar output width
-    (:func:`width_groups`), each in the sub-batches of :func:`batch_split`, padded to bucketed shapes. Results in the
-    order of ``rows``."""
-    if not buckets or len(rows) < 2:
-        return decode_streaming_batch(sovits, rows, noise_scale, buckets=buckets)
-    out: list = [None] * len(rows)
-    widths = [out_frames(sovits, r) for r in rows]
+def prefix_bucket(n: int) -> int:
+    """The padded width of the prefix encoders' inputs (frames, phones) in a bucketed batch: a multiple of 64.
+    Coarser than :func:`width_bucket`: the encoders are cheap on the device, and few shapes mean few graphs."""
+    return max(64, -(-n // 64) * 64)
+
+
+def voice_batches(widths: Sequence[int], buckets: bool) -> list[tuple[list[int], int]]:
+    """The sub-batches that voice rows of ``widths`` output frames: (row indices, padded width) each. Bucketed:
+    groups of similar width (:func:`width_groups`), each in the sizes of :func:`batch_split`, widths rounded to
+    :func:`width_bucket`; else one batch at the widest row."""
+    if not widths:
+        return []
+    if not buckets:
+        return [(list(range(len(widths))), max(widths))]
+    out = []
     for group in width_groups(widths):
+        width = width_bucket(max(widths[i] for i in group))
         start = 0
-        for size in batch_split(len(group), width_bucket(max(widths[i] for i in group)))[1]:
-            part = group[start:start + size]
+        for size in batch_split(len(group), width)[1]:
+            out.append((group[start:start + size], width))
             start += size
-            for i, result in zip(part, decode_streaming_batch(sovits, [rows[i] for i in part], noise_scale,
-                                                              buckets=True)):
-                out[i] = result
     return out
 
 
@@ -337,77 +341,203 @@ def sentence_row(sovits, codes: torch.Tensor, phones: torch.Tensor, ge: torch.Te
             "overlap_frames": None, "generator": generator}
 
 
+def encode_prefixes(sovits, codes: torch.Tensor, text: torch.Tensor, lengths: torch.Tensor,
+                    text_lengths: torch.Tensor, ge: torch.Tensor) -> tuple[torch.Tensor]:
+    """The prefix encoders of ``enc_p`` (``TextEncoder.forward`` up to its projection) over right-padded rows:
+    codes (B, N) tokens, text (B, P) phones, their valid lengths (B,) (frames, phones), ge (B, gin, 1) ->
+    (y (B, hidden, frames),). Device work only, of fixed shapes (a CUDA graph can hold it)."""
+    enc = sovits.enc_p
+    quantized = sovits.quantizer.decode(codes.unsqueeze(0))  # (B, 768, N)
+    if sovits.dims.semantic_frame_rate == "25hz":
+        quantized = F.interpolate(quantized, size=int(quantized.shape[-1] * 2), mode="nearest")
+    y = quantized
+    y_mask = sequence_mask(lengths, y.shape[-1]).unsqueeze(1).to(y.dtype)
+    text_mask = sequence_mask(text_lengths, text.shape[-1]).unsqueeze(1).to(y.dtype)
+    ge_enc = sovits.ge_to512(ge.transpose(2, 1)).transpose(2, 1) if sovits.dims.is_pro else ge
+    y = enc.ssl_proj(y * y_mask) * y_mask
+    y = enc.encoder_ssl(y * y_mask, y_mask)
+    t = enc.text_embedding(text).transpose(1, 2)  # one batched text encoder (faster than per-row caches here)
+    t = enc.encoder_text(t * text_mask, text_mask)
+    y = enc.mrte(y, y_mask, t, text_mask, ge_enc)
+    return (enc.encoder2(y * y_mask, y_mask),)
+
+
+def voice_latents(sovits, y: torch.Tensor, lengths: torch.Tensor, noise: torch.Tensor, ge: torch.Tensor,
+                  noise_scale: float) -> tuple[torch.Tensor]:
+    """Latent frames to audio (``enc_p.proj``, the prior's sample, the flow reversed, the masked HiFi-GAN) over
+    right-padded rows: y (B, hidden, W), lengths (B,), noise (B, hidden, W), ge (B, gin, 1) -> (audio (B,
+    W * upsampling),). Device work only, of fixed shapes (a CUDA graph can hold it)."""
+    enc = sovits.enc_p
+    mask = sequence_mask(lengths, y.shape[-1]).unsqueeze(1).to(y.dtype)
+    stats = enc.proj(y) * mask
+    m_p, logs_p = torch.split(stats, enc.out_channels, dim=1)
+    z_p = m_p + noise * torch.exp(logs_p) * noise_scale
+    z = sovits.flow.reverse(z_p, mask, g=ge)
+    return (sovits.dec(z * mask, g=ge, mask=mask)[:, 0],)
+
+
+class AcousticGraphs:
+    """The CUDA graphs of one SoVITS model's batched decode (:func:`decode_streaming_batch` with buckets): the
+    prefix encoders per (rows, frames, phones) and the voicing per (rows, output frames), each for the shapes
+    met, up to a size (larger batches run eagerly) and a count. Owned by the acoustic stage's one thread;
+    captured only when it holds the device to itself (:meth:`capture_wanted`)."""
+
+    ENCODER_FRAMES = 64 * 512  # rows x frames of an encoder graph at most
+    VOICE_FRAMES = 32 * 160  # rows x output frames of a voicing graph at most (its pool: ~2 GB at fp16)
+
+    def __init__(self, sovits, limit: int = 96, **bank) -> None:
+        from engine.acoustic.graphs import GraphBank
+
+        self.sovits = sovits
+        self.encoders = GraphBank(functools.partial(encode_prefixes, sovits), limit, **bank)
+        self.voices = GraphBank(functools.partial(voice_latents, sovits), limit, **bank)
+
+    @property
+    def wanted(self) -> int:
+        return self.encoders.wanted + self.voices.wanted
+
+    @property
+    def captures(self) -> int:
+        return self.encoders.captures + self.voices.captures
+
+    def capture_wanted(self, limit: int | None = None) -> int:
+        done = self.voices.capture_wanted(limit)
+        return done + self.encoders.capture_wanted(None if limit is None else max(0, limit - done))
+
+    def encode(self, *inputs: torch.Tensor) -> torch.Tensor:
+        codes = inputs[0]
+        frame = 2 if self.sovits.dims.semantic_frame_rate == "25hz" else 1
+        if codes.numel() * frame > self.ENCODER_FRAMES:
+            return encode_prefixes(self.sovits, *inputs)[0]
+        return self.encoders(*inputs)[0]
+
+    def voice(self, *inputs: torch.Tensor, noise_scale: float) -> torch.Tensor:
+        """The audio of a voicing batch; a graph's output is copied (the next replay reuses its memory)."""
+        y = inputs[0]
+        if y.shape[0] * y.shape[-1] > self.VOICE_FRAMES:
+            return voice_latents(self.sovits, *inputs, noise_scale)[0]
+        return self.voices(*inputs, static=(noise_scale,))[0].clone()
+
+
+def _host(t: torch.Tensor) -> np.ndarray:
+    return t.detach().view(-1).cpu().numpy()
+
+
+def _fade_index(overlaps: Sequence[torch.Tensor | None], w: int) -> tuple[list[int], np.ndarray]:
+    """Host side of :func:`_cross_fade`: the distinct overlap sizes and, per row and frame, where its two
+    weights are in the table ``[1, 0, window(ov) for each size]`` (1 and 0 past its overlap)."""
+    sizes = sorted({o.shape[-1] for o in overlaps if o is not None})
+    offset, at = {}, 2
+    for ov in sizes:
+        offset[ov], at = at, at + 2 * ov
+    index = np.zeros((2, len(overlaps), w), dtype=np.int64)
+    index[1] = 1
+    for i, o in enumerate(overlaps):
+        if o is not None:
+            ov = o.shape[-1]
+            index[0, i, :ov] = offset[ov] + np.arange(ov)
+            index[1, i, :ov] = offset[ov] + ov + np.arange(ov)
+    return sizes, index
+
+
+def _cross_fade(crop: torch.Tensor, overlaps: Sequence[torch.Tensor | None], sizes: list[int],
+                index: torch.Tensor) -> torch.Tensor:
+    """Rows of ``crop`` (B, hidden, W) cross-faded over their first ``ov`` frames with their previous latent
+    (``overlaps``: (1, hidden, ov) or None each), as officially: ``window[:ov] * new + window[ov:] * previous``,
+    ``window`` the official sine of ``2 * ov`` points computed as it is (on the device, once per size);
+    ``sizes``, ``index``: :func:`_fade_index` (the index on the device)."""
+    dev, hidden, w = crop.device, crop.shape[1], crop.shape[2]
+    windows = [torch.sin(torch.arange(ov * 2, device=dev) * math.pi / (ov * 2)).to(crop.dtype) for ov in sizes]
+    table = torch.cat([crop.new_ones(1), crop.new_zeros(1), *windows])
+    weights = table[index].unsqueeze(2)  # (2, B, 1, W)
+    previous = pad_sequence([o[0].transpose(0, 1) if o is not None else crop.new_zeros(0, hidden)
+                             for o in overlaps], batch_first=True).transpose(1, 2)  # (B, hidden, max ov)
+    previous = F.pad(previous.to(crop.dtype), (0, w - previous.shape[-1]))
+    return weights[0] * crop + weights[1] * previous
+
+
 @torch.no_grad()
 def decode_streaming_batch(sovits, rows: Sequence[dict], noise_scale: float = 0.5, buckets: bool = False,
-                           ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+                           graphs: AcousticGraphs | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """:func:`decode_streaming` for several independent streams at once (speed 1), right-padded with masks.
 
     Each row: ``codes`` (N,) all tokens so far, ``text`` (P,), ``ge`` (1, gin, 1) of its sentence,
     ``result_length`` (tokens from the end, or None), ``overlap_frames`` (1, hidden, 2*ov) or None,
     ``generator``. Returns per row (audio (samples,), latent (1, hidden, frames)). Every stage is masked
     (the encoders and flow as officially, the HiFi-GAN decoder through its ``mask``), so a row's numbers are
-    those of :func:`decode_streaming` on it alone, up to rounding. ``buckets``: pad every width to
-    :func:`width_bucket` and the batch to :func:`batch_bucket` (extra rows repeat the first, without
-    drawing noise), so that the shapes repeat.
+    those of :func:`decode_streaming` on it alone, up to rounding.
+
+    The prefix encoders run once for all rows; each row's newest frames are cropped and cross-faded with its
+    previous latent; the crops are voiced in :func:`voice_batches`. ``buckets``: pad to a few repeating shapes
+    (:func:`prefix_bucket` for the encoders, :func:`width_bucket` and :data:`BATCH_BUCKETS` for the voicing;
+    extra rows repeat a real one and are dropped), in sub-batches of similar width, so that convolution plans
+    and ``graphs`` (:class:`AcousticGraphs`, CUDA) are reused. Codes and phones on the host are best: every
+    host number goes to the device in one copy, before any device work is queued (a copy from pageable memory
+    waits for the stream).
     """
-    enc = sovits.enc_p
-    dev = rows[0]["codes"].device
+    if not rows:
+        return []
+    dev = sovits.enc_p.proj.weight.device
+    dtype = sovits.enc_p.proj.weight.dtype
     frame = 2 if sovits.dims.semantic_frame_rate == "25hz" else 1
     real = len(rows)
-    if buckets:
-        rows = [*rows, *({**rows[0], "generator": None, "dummy": True} for _ in range(batch_bucket(real) - real))]
-    fit = width_bucket if buckets else (lambda n: n)
-    # one lookup for every row's codes (right-padded; the padding is masked below), one nearest 2x
     n_codes = [r["codes"].numel() for r in rows]
-    codes = pad_sequence([r["codes"].view(-1) for r in rows], batch_first=True)  # (B, N)
-    quantized = sovits.quantizer.decode(codes.unsqueeze(0))  # (B, 768, N)
-    if frame == 2:
-        quantized = F.interpolate(quantized, size=int(quantized.shape[-1] * 2), mode="nearest")
-    lengths = torch.tensor([frame * n for n in n_codes], device=dev)
-    width = fit(frame * max(n_codes))
-    y = F.pad(quantized, (0, width - quantized.shape[-1]))  # (B, 768, T)
-    y_mask = sequence_mask(lengths, width).unsqueeze(1).to(y.dtype)
     n_text = [r["text"].numel() for r in rows]
-    text_lengths = torch.tensor(n_text, device=dev)
-    p = fit(max(n_text))
-    # each row's crop: its newest frames (host numbers, and their tensor made now: a host-to-device copy
-    # waits for the device, so none is made after the encoders are queued)
     n_out = [frame * (n if r["result_length"] is None else min(n, r["result_length"])) for r, n in zip(rows, n_codes)]
-    out_lengths = torch.tensor(n_out, device=dev)
-    ge = torch.cat([r["ge"] for r in rows])  # (B, gin, 1)
-    ge_enc = sovits.ge_to512(ge.transpose(2, 1)).transpose(2, 1) if sovits.dims.is_pro else ge
-    y = enc.ssl_proj(y * y_mask) * y_mask
-    y = enc.encoder_ssl(y * y_mask, y_mask)
-    text = F.pad(pad_sequence([r["text"].view(-1) for r in rows], batch_first=True), (0, p - max(n_text)))  # (B, P)
-    text_mask = sequence_mask(text_lengths, p).unsqueeze(1).to(y.dtype)
-    t = enc.text_embedding(text).transpose(1, 2)  # one batched text encoder (faster than per-row caches here)
-    t = enc.encoder_text(t * text_mask, text_mask)
-    y = enc.mrte(y, y_mask, t, text_mask, ge_enc)
-    y = enc.encoder2(y * y_mask, y_mask)
-    crops = []
-    for i, r in enumerate(rows):  # the newest frames of each row, cross-faded with its previous latent
-        end = frame * n_codes[i]
-        c = y[i : i + 1, :, end - n_out[i] : end].clone()
-        if r["overlap_frames"] is not None:
-            ov = r["overlap_frames"].shape[-1]
-            window = torch.sin(torch.arange(ov * 2, device=dev) * math.pi / (ov * 2)).to(c.dtype)
-            c[:, :, :ov] = window[:ov].view(1, 1, -1) * c[:, :, :ov] + window[ov:].view(1, 1, -1) * r["overlap_frames"]
-        crops.append(c)
-    width = fit(max(n_out))
-    y = torch.cat([F.pad(c, (0, width - c.shape[-1])) for c in crops])
-    mask = sequence_mask(out_lengths, width).unsqueeze(1).to(y.dtype)
-    stats = enc.proj(y) * mask
-    m_p, logs_p = torch.split(stats, enc.out_channels, dim=1)
-    noise = torch.cat([
-        torch.zeros((1, m_p.shape[1], width), device=dev, dtype=m_p.dtype) if r.get("dummy") else
-        F.pad(torch.randn((1, m_p.shape[1], c.shape[-1]), generator=r["generator"], device=dev, dtype=m_p.dtype),
-              (0, width - c.shape[-1]))
-        for r, c in zip(rows, crops)])
-    z_p = m_p + noise * torch.exp(logs_p) * noise_scale
-    z = sovits.flow.reverse(z_p, mask, g=ge)
-    audio = sovits.dec(z * mask, g=ge, mask=mask)[:, 0]  # (B, width * up)
-    up = audio.shape[-1] // width
-    return [(audio[i, : n_out[i] * up], crops[i]) for i in range(real)]
+    fit = prefix_bucket if buckets else (lambda n: n)
+    n_tok = -(-fit(frame * max(n_codes)) // frame)  # encoder tokens (frames / frame)
+    p = fit(max(n_text))
+    b = batch_bucket(real) if buckets else real
+    w_out = width_bucket(max(n_out)) if buckets else max(n_out)
+    batches = voice_batches(n_out, buckets)
+    members = [m + m[:1] * ((batch_bucket(len(m)) if buckets else len(m)) - len(m)) for m, _ in batches]
+    overlaps = [r["overlap_frames"] for r in rows]
+    faded = any(o is not None for o in overlaps)
+    sizes, fade = _fade_index(overlaps, w_out) if faded else ([], np.zeros((2, 0, w_out), dtype=np.int64))
+    # the host numbers, one copy: per row (row 0 again past ``real``) codes, phones, lengths, crop start; then
+    # the sub-batches' rows and the cross-fade's weight index
+    grid = np.zeros((b, n_tok + p + 4), dtype=np.int64)
+    for i in range(b):
+        k = i if i < real else 0
+        grid[i, :n_codes[k]] = _host(rows[k]["codes"])
+        grid[i, n_tok:n_tok + n_text[k]] = _host(rows[k]["text"])
+        grid[i, -4:] = (frame * n_codes[k], n_text[k], n_out[k], frame * n_codes[k] - n_out[k])
+    flat = torch.from_numpy(np.concatenate([grid.ravel(), *map(np.asarray, members), fade.ravel()])).to(dev)
+    grid, at = flat[: grid.size].view(grid.shape), grid.size
+    picks = []
+    for m in members:
+        picks.append(flat[at:at + len(m)])
+        at += len(m)
+    fade = flat[at:].view(fade.shape)
+    codes, text = grid[:, :n_tok], grid[:, n_tok:n_tok + p]
+    lengths, text_lengths, out_lengths, starts = grid[:, -4], grid[:, -3], grid[:, -2], grid[:, -1]
+    ges = [r["ge"].to(dtype) for r in rows]
+    ge = torch.cat(ges + ges[:1] * (b - real))  # (b, gin, 1)
+    inputs = (codes, text, lengths, text_lengths, ge)
+    y = graphs.encode(*inputs) if graphs is not None else encode_prefixes(sovits, *inputs)[0]  # (b, hidden, T)
+    # each row's newest frames: w_out frames gathered from its crop start, those past its crop zeroed
+    hidden = y.shape[1]
+    j = torch.arange(w_out, device=dev)
+    keep = (j.unsqueeze(0) < out_lengths[:real].unsqueeze(1)).unsqueeze(1).to(y.dtype)  # (B, 1, W)
+    index = torch.minimum(starts[:real].unsqueeze(1) + j.unsqueeze(0), lengths[:real].unsqueeze(1) - 1)
+    crop = torch.gather(y[:real], 2, index.unsqueeze(1).expand(real, hidden, w_out)) * keep
+    if faded:
+        crop = _cross_fade(crop, overlaps, sizes, fade)
+    channels = sovits.enc_p.out_channels
+    noise = pad_sequence([torch.randn((1, channels, n_out[i]), generator=rows[i]["generator"], device=dev,
+                                      dtype=dtype)[0].transpose(0, 1) for i in range(real)], batch_first=True)
+    noise = F.pad(noise.transpose(1, 2), (0, w_out - noise.shape[1]))  # (B, channels, W)
+    out: list = [None] * real
+    for (rows_in, w), idx in zip(batches, picks):
+        sub = (crop.index_select(0, idx)[:, :, :w], out_lengths.index_select(0, idx),
+               noise.index_select(0, idx)[:, :, :w], ge.index_select(0, idx))
+        audio = (graphs.voice(*sub, noise_scale=noise_scale) if graphs is not None
+                 else voice_latents(sovits, *sub, noise_scale)[0])
+        up = audio.shape[-1] // w
+        for k, i in enumerate(rows_in):
+            out[i] = (audio[k, : n_out[i] * up], crop[i : i + 1, :, : n_out[i]])
+    return out
+
 
 STREAM_MIN_CHUNK = 10  # official: a non-first streaming chunk shorter than this gets extra overlap
 
@@ -425,7 +555,8 @@ class SentenceStream:
                  generator: torch.Generator | None, fallback=None) -> None:
         self.sovits, self.refer, self.sv_emb, self.speed = sovits, list(refer), sv_emb, speed
         self.fallback = fallback  # engine.runtime.DeviceFallback: the "sovits" stage on the CPU when MPS lacks an op
-        self.phones = phones.view(1, -1)  # (1, P)
+        self.phones = phones.view(1, -1).to(next(sovits.parameters()).device)  # (1, P)
+        self.phones_host = phones.view(-1).cpu()  # for batched decodes (host numbers go over in one copy)
         self.overlap_length, self.generator = overlap_length, generator
         self.frames_per_token = 2 if sovits.dims.semantic_frame_rate == "25hz" else 1
         self.up = math.prod(sovits.dims.upsample_rates) * (self.frames_per_token / speed)  # samples per token
@@ -444,8 +575,7 @@ class SentenceStream:
         ov = self.overlap_length
         if not first and n < STREAM_MIN_CHUNK:  # official: a short chunk gets a longer overlap
             ov += STREAM_MIN_CHUNK - n
-        dev = self.phones.device
-        return {"codes": torch.tensor(self.previous, dtype=torch.long, device=dev), "text": self.phones,
+        return {"codes": torch.tensor(self.previous, dtype=torch.long), "text": self.phones_host,
                 "result_length": None if first else n + ov, "generator": self.generator,
                 "overlap_frames": None if self.last_latent is None else self.last_latent[:, :, -ov * self.frames_per_token:],
                 "n": n, "ov": ov, "first": first, "final": final}
@@ -476,8 +606,9 @@ class SentenceStream:
     def voice(self, tokens: Sequence[int], final: bool) -> torch.Tensor:
         """The audio (samples,) of one chunk, ready to play."""
         plan = self._plan(tokens, final)
+        codes = plan["codes"].to(self.phones.device).view(1, 1, -1)
         audio, latent = self._run(
-            decode_streaming, plan["codes"].view(1, 1, -1), self.phones, self.refer, self.sv_emb, speed=self.speed,
+            decode_streaming, codes, self.phones, self.refer, self.sv_emb, speed=self.speed,
             result_length=plan["result_length"], overlap_frames=plan["overlap_frames"], generator=self.generator,
             ge=self.style, text_encoded=self.text_encoded)
         return self._finish(plan, audio[0, 0], latent)
@@ -503,12 +634,14 @@ class SentenceStream:
 
 @torch.no_grad()
 def voice_together(streams: Sequence[SentenceStream], chunks: Sequence[tuple[Sequence[int], bool]],
-                   buckets: bool = False, sentences: Sequence[dict] = ()) -> list[torch.Tensor]:
+                   buckets: bool = False, sentences: Sequence[dict] = (), graphs: AcousticGraphs | None = None,
+                   ) -> list[torch.Tensor]:
     """One chunk for each of several different sentence streams, decoded in one batch where they share
     a model and speed 1 (else one by one). Returns each stream's audio, as :meth:`SentenceStream.voice`.
-    ``buckets``: decode in bucketed shapes, in sub-batches of similar width (:func:`decode_rows`), a single
-    stream too. ``sentences``: :func:`sentence_row` rows of whole sentences (same model, speed 1) decoded in the
-    same batches; their audio (samples,) follows the streams' in the result."""
+    ``buckets``: decode in bucketed shapes, in sub-batches of similar width (:func:`decode_streaming_batch`),
+    a single stream too. ``sentences``: :func:`sentence_row` rows of whole sentences (same model, speed 1)
+    decoded in the same batches; their audio (samples,) follows the streams' in the result. ``graphs``: the
+    model's :class:`AcousticGraphs` (CUDA, with buckets)."""
     sovits = streams[0].sovits if streams else sentences[0]["sovits"] if sentences else None
     if any(r["sovits"] is not sovits for r in sentences):
         raise ValueError("voice_together decodes the sentences of one model at once")
@@ -521,7 +654,10 @@ def voice_together(streams: Sequence[SentenceStream], chunks: Sequence[tuple[Seq
         out[i] = streams[i].voice(*chunks[i])
     plans = [streams[i]._plan(*chunks[i]) for i in together]
     rows = [{**p, "ge": streams[i].style} for i, p in zip(together, plans)]
-    decoded = decode_rows(sovits, [*rows, *sentences], buckets=buckets) if rows or sentences else []
+    if graphs is not None and graphs.sovits is not sovits:
+        graphs = None
+    decoded = decode_streaming_batch(sovits, [*rows, *sentences], buckets=buckets, graphs=graphs) \
+        if rows or sentences else []
     for i, p, (audio, latent) in zip(together, plans, decoded):
         out[i] = streams[i]._finish(p, audio, latent)
     return out + [audio for audio, _ in decoded[len(rows):]]

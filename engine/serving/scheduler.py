@@ -44,6 +44,9 @@ PREFILL_TOKENS = 8192  # most prefix positions (rows x width) prefilled in one g
 CPU_SLOTS = 8
 MAX_CUDA_SLOTS = 2048
 MAX_ACOUSTIC_BATCH = 128  # streaming chunks decoded together (CUDA)
+# acoustic graphs captured before a round at most (each pauses every device user for ~0.1 s while serving)
+ACOUSTIC_CAPTURES_PER_ROUND = 2
+_CAPTURE = ("capture",)  # on the acoustic queue: capture every acoustic graph wanted (capture_graphs)
 # a whole-file request decodes up to this many of its sentences at once (each in a slot of its own)
 PARALLEL_SENTENCES = 16
 # Python's GIL switch interval while a scheduler runs: a thread that waits for the GIL (the decode loop after
@@ -79,6 +82,9 @@ class SchedulerConfig:
     # where streaming chunks are voiced in batches (CUDA), pad each batch to bucketed shapes (a single chunk
     # too), so that the convolutions meet a few shapes again and again instead of building plans for new ones
     acoustic_buckets: bool = True
+    # bucketed acoustic batches (CUDA) replay CUDA graphs of the shapes met (captured under the gate, a few a
+    # round, and every one met at warm-up by capture_graphs); False: always eager
+    acoustic_graphs: bool = True
 
 
 @dataclass
@@ -136,7 +142,8 @@ class Scheduler:
                  on_event: Callable[[str, int], None] | None = None, fallback=None) -> None:
         self.models, self.config = models, config
         self.gate = gate if gate is not None else DeviceGate()  # shared with every device user of the engine
-        self._on_event = on_event  # ("rebuild" | "graphs_captured" | "acoustic_failure", count) for metrics
+        # ("rebuild" | "graphs_captured" | "acoustic_graphs_captured" | "acoustic_failure", count) for metrics
+        self._on_event = on_event
         self.fallback = fallback  # engine.runtime.DeviceFallback: T2S steps the device cannot run move to the CPU
         slots = config.slots or auto_slots(models.t2s, config.context, config.memory_fraction)
         self.slots = slots
@@ -165,6 +172,8 @@ class Scheduler:
         self._threads: list[threading.Thread] = []
         # float32 on the CPU voices chunk by chunk, so a request's audio is exactly what it is alone
         self.batch_acoustic = models.device.type == "cuda"
+        self.acoustic_graphs = self._make_acoustic_graphs()
+        self._acoustic_captured = threading.Event()
         self.steps = 0  # decode steps run (for benchmarks)
         self.tokens = 0  # tokens decoded
         self.t2s_seconds = 0.0  # time in decode steps (host and device)
@@ -178,6 +187,15 @@ class Scheduler:
 
     def _make_decoder(self) -> SlotDecoder:
         return SlotDecoder(self.models.t2s, self.slots, self.config.context)
+
+    def _make_acoustic_graphs(self):
+        """The CUDA graphs of the batched chunk decodes (engine.acoustic.streaming.AcousticGraphs), or None."""
+        c, m = self.config, self.models
+        if not (m.device.type == "cuda" and c.acoustic_buckets and c.acoustic_graphs and not m.uses_vocoder):
+            return None
+        from engine.acoustic.streaming import AcousticGraphs
+
+        return AcousticGraphs(m.sovits)
 
     def _event(self, name: str, count: int = 1) -> None:
         if self._on_event is not None and count:
@@ -267,20 +285,30 @@ class Scheduler:
 
     def capture_graphs(self, timeout: float | None = None) -> int:
         """Capture the decode-step graph of every batch bucket now, on the decode loop at its next quiet
-        moment and with the device to itself (engine.serving.gate); warm-up calls it before a server says it
-        is ready, so that serving never captures. Returns the number of graphs captured (0 off CUDA)."""
-        if not self.decoder.uncaptured():
-            return 0
-        before = self.decoder.captures
+        moment and with the device to itself (engine.serving.gate), and the acoustic graphs of every shape the
+        acoustic stage has met (warm-up's requests), on its own thread under the gate; warm-up calls it before
+        a server says it is ready, so that serving captures little or nothing. Returns the number of graphs
+        captured (0 off CUDA)."""
+        before = self.decoder.captures + self._acoustic_graph_count()
         with self._cv:
             if self._closed:
                 return 0
-            self._captured.clear()
-            self._capture_wanted = True
             self._start()
-            self._cv.notify_all()
+            if self.decoder.uncaptured():
+                self._captured.clear()
+                self._capture_wanted = True
+                self._cv.notify_all()
+            else:
+                self._captured.set()
         self._captured.wait(timeout)
-        return self.decoder.captures - before
+        if self.acoustic_graphs is not None and self.acoustic_graphs.wanted:
+            self._acoustic_captured.clear()
+            self._acoustic.put(_CAPTURE)
+            self._acoustic_captured.wait(timeout)
+        return self.decoder.captures + self._acoustic_graph_count() - before
+
+    def _acoustic_graph_count(self) -> int:
+        return self.acoustic_graphs.captures if self.acoustic_graphs is not None else 0
 
     @property
     def text_executor(self) -> ThreadPoolExecutor:
@@ -671,6 +699,14 @@ class Scheduler:
                     break
             if any(job is None for job in pending):
                 return
+            if any(job is _CAPTURE for job in pending):  # capture_graphs (warm-up): every shape met so far
+                pending = deque(job for job in pending if job is not _CAPTURE)
+                self._capture_acoustic(stream, None)
+                self._acoustic_captured.set()
+                if not pending:
+                    continue
+            elif self.acoustic_graphs is not None and self.acoustic_graphs.wanted:
+                self._capture_acoustic(stream, ACOUSTIC_CAPTURES_PER_ROUND)
             taken, pending = _round(pending)
             t0 = time.perf_counter()
             try:
@@ -691,6 +727,15 @@ class Scheduler:
             self.acoustic_rounds += 1
             self.acoustic_chunks += len(taken)
 
+    def _capture_acoustic(self, stream, limit: int | None) -> None:
+        """Capture acoustic graphs of shapes met eagerly (``limit`` at most), with the device to this thread
+        (the gate's exclusive section: decode steps and the front end wait meanwhile)."""
+        with self.gate.capture(), conv_backend(self.models.device, self.config.conv_backend), \
+                torch.cuda.stream(stream):
+            done = self.acoustic_graphs.capture_wanted(limit)
+        if done:
+            self._event("acoustic_graphs_captured", done)
+
     def _acoustic_round(self, jobs: list) -> None:
         live = []
         for job in jobs:
@@ -709,7 +754,7 @@ class Scheduler:
             try:
                 with torch.inference_mode():
                     audios = voice_together([j[4] for j in chunks], [j[3] for j in chunks], buckets=buckets,
-                                            sentences=self._sentence_rows(wholes))
+                                            sentences=self._sentence_rows(wholes), graphs=self.acoustic_graphs)
             except Exception as e:
                 log.exception("acoustic stage failed")
                 self._event("acoustic_failure")
@@ -765,8 +810,8 @@ class Scheduler:
                 ge = styles[id(ctx.ref)] = m.sovits.style_vector(
                     list(ctx.ref.specs), list(ctx.ref.sv) if ctx.ref.sv is not None else None)
             gen = torch.Generator(device=dev).manual_seed(stream_key(ctx.seed, sentence.index))
-            phones = torch.tensor(sentence.phones, dtype=torch.long, device=dev)
-            rows.append(sentence_row(m.sovits, out.tokens.to(dev), phones, ge, gen))
+            phones = torch.tensor(sentence.phones, dtype=torch.long)  # host numbers: one copy for the round
+            rows.append(sentence_row(m.sovits, out.tokens.cpu(), phones, ge, gen))
         return rows
 
     def _put_sentence(self, request: Request, sentence: Any, out: T2SOutput, audio: torch.Tensor) -> None:

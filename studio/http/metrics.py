@@ -311,9 +311,12 @@ def register_engine_metrics(registry: Registry, studio) -> None:
 
         return samples
 
-    def captures() -> list[Sample]:
-        events = studio.serving_events() if hasattr(studio, "serving_events") else {}
-        return [({"phase": phase}, float(events.get(f"graphs_captured_{phase}", 0))) for phase in ("warmup", "serving")]
+    def captures(prefix: str) -> Callable[[], list[Sample]]:
+        def samples() -> list[Sample]:
+            events = studio.serving_events() if hasattr(studio, "serving_events") else {}
+            return [({"phase": phase}, float(events.get(f"{prefix}_{phase}", 0))) for phase in ("warmup", "serving")]
+
+        return samples
 
     registry.callback("sovits_scheduler_rebuilds_total", "Times a scheduler rebuilt its decoding state after a "
                       "failed decode step (the requests in that step failed with 503).", serving_events("rebuild"),
@@ -321,8 +324,11 @@ def register_engine_metrics(registry: Registry, studio) -> None:
     registry.callback("sovits_acoustic_failures_total", "Acoustic rounds (or jobs) that failed; the requests in "
                       "them failed.", serving_events("acoustic_failure"), kind="counter")
     registry.callback("sovits_graph_captures_total", "CUDA graphs of the decode step captured, at warm-up or "
-                      "while serving (then under a barrier, at a quiet moment).", captures, ("phase",),
-                      kind="counter")
+                      "while serving (then under a barrier, at a quiet moment).", captures("graphs_captured"),
+                      ("phase",), kind="counter")
+    registry.callback("sovits_acoustic_graph_captures_total", "CUDA graphs of batched acoustic shapes captured, at "
+                      "warm-up or while serving (then under a barrier, a few before a round).",
+                      captures("acoustic_graphs_captured"), ("phase",), kind="counter")
     registry.callback("sovits_cpu_fallback_total", "Stage runs moved to the CPU because the accelerator lacks "
                       "one of their operators.", fallbacks, ("stage",), kind="counter")
     registry.callback("sovits_memory_degrade_total", "Memory watermark decisions: degrade steps run, requests "

@@ -505,22 +505,17 @@ def test_a_batch_is_split_rather_than_padded_with_many_dummy_rows():
     assert batch_split(48, 64)[1] == (48,)  # a bucket size stays one batch
 
 
-def test_a_round_of_long_rows_is_split_to_bound_memory(monkeypatch):
-    import engine.acoustic.streaming as streaming
+def test_a_round_of_long_rows_is_split_to_bound_memory():
+    from engine.acoustic import streaming
 
-    sizes: list[tuple[int, int]] = []
-
-    def fake(sovits, rows, noise_scale=0.5, buckets=False):
-        sizes.append((len(rows), max(streaming.out_frames(sovits, r) for r in rows)))
-        return [(torch.zeros(1), torch.zeros(1)) for _ in rows]
-
-    monkeypatch.setattr(streaming, "decode_streaming_batch", fake)
-    sovits = SimpleNamespace(dims=SimpleNamespace(semantic_frame_rate="25hz"))
-    rows = [{"codes": torch.zeros(1500, dtype=torch.long), "result_length": None} for _ in range(40)]
-    out = streaming.decode_rows(sovits, rows, buckets=True)
-    assert len(out) == 40 and sum(n for n, _ in sizes) == 40
-    assert all(n * streaming.width_bucket(w) <= streaming.MAX_BATCH_FRAMES for n, w in sizes)
-    assert len(sizes) > 1
+    widths = [3000] * 40 + [60] * 7  # 40 whole sentences of 1,500 tokens beside short chunks
+    batches = streaming.voice_batches(widths, buckets=True)
+    assert sorted(i for rows, _ in batches for i in rows) == list(range(len(widths)))  # every row once
+    assert all(streaming.batch_bucket(len(rows)) * w <= streaming.MAX_BATCH_FRAMES or len(rows) == 1
+               for rows, w in batches)
+    assert all(w >= max(widths[i] for i in rows) for rows, w in batches)
+    assert len(batches) > 2
+    assert streaming.voice_batches(widths, buckets=False) == [(list(range(len(widths))), 3000)]
 
 
 @pytest.mark.parametrize("version", ["v2", "v2ProPlus"])

@@ -107,6 +107,34 @@ def test_streams_voiced_in_bucketed_batches_get_their_audio_alone(monkeypatch) -
         studio.close()
 
 
+def test_streams_voiced_through_acoustic_graphs_get_their_audio_alone() -> None:
+    """On CUDA the bucketed acoustic batches replay CUDA graphs of the shapes met, captured by the acoustic thread
+    under the device gate between rounds. With graph semantics on the CPU (tests/acoustic/test_graphs.py), each
+    stream's audio is what it gets alone, and the captures went through the gate."""
+    from engine.acoustic.streaming import AcousticGraphs
+    from tests.acoustic.test_graphs import fake_capture
+
+    studio = _studio(scheduler_slots=4)
+    try:
+        alone = [_run(studio, t, 7 + i, True, top_k=20) for i, t in enumerate(TEXTS)]
+        sched = studio.scheduler(studio.cloner().models)
+        sched.batch_acoustic = True
+        graphs = sched.acoustic_graphs = AcousticGraphs(sched.models.sovits, capture=fake_capture, devices=("cpu",))
+        gate_before = sched.gate.captures
+        for _ in range(2):  # the second time, shapes met the first time replay
+            together = _concurrently(lambda i: _run(studio, TEXTS[i], 7 + i, True, top_k=20), len(TEXTS))
+            for (tokens_a, audio_a, _), (tokens_b, audio_b, _) in zip(alone, together):
+                assert tokens_a == tokens_b
+                assert audio_a.shape == audio_b.shape
+                np.testing.assert_allclose(audio_b.astype(np.float64), audio_a.astype(np.float64), rtol=0, atol=2e-5)
+        assert graphs.captures > 0 and graphs.voices.replays > 0
+        assert sched.gate.captures > gate_before  # every capture had the device to itself
+        events = studio.serving_events()
+        assert sum(v for k, v in events.items() if k.startswith("acoustic_graphs_captured")) == graphs.captures
+    finally:
+        studio.close()
+
+
 def test_whole_sentences_voiced_in_batches_get_their_audio_alone(monkeypatch) -> None:
     """On CUDA whole sentences join the round's batched decodes (sub-batches of similar width); forced on the
     CPU, each whole file is what it is alone (the official decode of each sentence), up to float32 rounding."""
