@@ -43,10 +43,10 @@ def capture_cuda(fn: Callable[..., tuple[torch.Tensor, ...]], example: tuple[tor
     device = example[0].device
     stream = torch.cuda.current_stream(device)
     side = stream == torch.cuda.default_stream(device)  # capture cannot run on the legacy default stream
-    if side:
+    static_in = tuple(t.clone() for t in example)
+    if side:  # after the copies: the side stream reads them
         stream = torch.cuda.Stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))
-    static_in = tuple(t.clone() for t in example)
     with torch.cuda.stream(stream):
         for _ in range(2):  # first calls: convolution plans, Triton builds, lazy buffers
             fn(*static_in, *static)
@@ -89,6 +89,14 @@ class GraphBank:
     def wanted(self) -> int:
         """Shapes met without a graph, waiting for :meth:`capture_wanted`."""
         return len(self._wanted)
+
+    def want(self, *example: torch.Tensor, static: tuple = ()) -> None:
+        """Note a shape to capture (``example``: inputs of that shape the function runs on without error), as if
+        a call had met it; within the limit."""
+        key = _key(example, static)
+        if (key not in self._graphs and key not in self._wanted and key not in self._failed
+                and len(self._graphs) + len(self._wanted) < self.limit):
+            self._wanted[key] = (example, static)
 
     def __call__(self, *inputs: torch.Tensor, static: tuple = ()) -> tuple[torch.Tensor, ...]:
         """``fn``'s outputs: a graph's (valid until the next call), else an eager call's."""

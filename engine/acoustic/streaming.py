@@ -226,7 +226,8 @@ def encode_text(sovits, text: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return enc.encoder_text(t * text_mask, text_mask)
 
 
-BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)  # batch sizes of a bucketed acoustic round
+# batch sizes of a bucketed acoustic round: few, so that a CUDA graph of each voicing shape is captured up front
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
 def width_bucket(n: int) -> int:
@@ -385,7 +386,7 @@ class AcousticGraphs:
     ENCODER_FRAMES = 64 * 512  # rows x frames of an encoder graph at most
     VOICE_FRAMES = 32 * 160  # rows x output frames of a voicing graph at most (its pool: ~2 GB at fp16)
 
-    def __init__(self, sovits, limit: int = 96, **bank) -> None:
+    def __init__(self, sovits, limit: int = 128, **bank) -> None:
         from engine.acoustic.graphs import GraphBank
 
         self.sovits = sovits
@@ -399,6 +400,22 @@ class AcousticGraphs:
     @property
     def captures(self) -> int:
         return self.encoders.captures + self.voices.captures
+
+    def want_voices(self, noise_scale: float = 0.5) -> int:
+        """Note every voicing shape a bucketed decode can meet within the graph size (each batch bucket at each
+        width bucket), for a capture before serving; returns how many are wanted. Only the encoders' shapes,
+        which also depend on the prefixes and phones, are left to be met."""
+        p = next(self.sovits.parameters())
+        hidden, channels = self.sovits.enc_p.proj.in_channels, self.sovits.enc_p.out_channels
+        gin = self.sovits.dims.gin_channels
+        widths = sorted({width_bucket(n) for n in range(1, self.VOICE_FRAMES + 1)})
+        for b in BATCH_BUCKETS:
+            for w in (w for w in widths if b * w <= self.VOICE_FRAMES):
+                self.voices.want(torch.zeros(b, hidden, w, device=p.device, dtype=p.dtype),
+                                 torch.full((b,), w, device=p.device, dtype=torch.long),
+                                 torch.zeros(b, channels, w, device=p.device, dtype=p.dtype),
+                                 torch.zeros(b, gin, 1, device=p.device, dtype=p.dtype), static=(noise_scale,))
+        return self.voices.wanted
 
     def capture_wanted(self, limit: int | None = None) -> int:
         done = self.voices.capture_wanted(limit)

@@ -107,3 +107,24 @@ def test_batched_decodes_through_graphs_give_the_eager_numbers(version):
             torch.testing.assert_close(audio, want_audio, rtol=0, atol=0)
     assert graphs.encoders.replays == 2 and graphs.voices.replays >= 2
     assert len(first) == 4
+
+
+def test_every_voicing_shape_can_be_captured_before_serving():
+    """Warm-up captures a graph of every voicing shape (batch bucket x width bucket within the graph size): a
+    bucketed decode afterwards voices its rows through replays only."""
+    from engine.acoustic.streaming import BATCH_BUCKETS, AcousticGraphs, decode_streaming_batch
+
+    sovits = sup.studio("v2").cloner().models.sovits
+    graphs = AcousticGraphs(sovits, capture=fake_capture, devices=("cpu",))
+    graphs.VOICE_FRAMES = 8 * 32  # a small graph size keeps the test short (serving: 32 x 160)
+    wanted = graphs.want_voices()
+    assert wanted == graphs.voices.wanted and wanted >= len(BATCH_BUCKETS)
+    assert graphs.want_voices() == wanted  # noting them again adds nothing
+    assert graphs.capture_wanted() == wanted and graphs.want_voices() == 0
+    g = torch.Generator().manual_seed(5)
+    ge = torch.randn(1, sovits.dims.gin_channels, 1, generator=g)
+    rows = [{"codes": torch.randint(0, 1024, (n,), generator=g), "text": torch.randint(1, 300, (7,), generator=g),
+             "ge": ge, "result_length": 6, "overlap_frames": None, "generator": torch.Generator().manual_seed(n)}
+            for n in (12, 30, 31)]
+    decode_streaming_batch(sovits, rows, buckets=True, graphs=graphs)
+    assert graphs.voices.eager == 0 and graphs.voices.replays >= 1
