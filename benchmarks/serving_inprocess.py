@@ -73,15 +73,21 @@ def one_request(studio, i: int, n: int, stream: bool, tokens: int, clip: bytes, 
             "late": max(0.0, late), "lang": lang}
 
 
-def profile_kernels(seconds: float, start_after: float) -> dict:
-    """The device kernels of every thread over ``seconds`` (after ``start_after``): busy share and the top ones."""
+def profile_kernels(studio, seconds: float, start_after: float) -> dict:
+    """The device kernels of every thread over ``seconds`` (after ``start_after``): busy share and the top ones.
+    The profiler synchronises the whole device, which a CUDA graph capture on another thread forbids: it starts
+    and stops inside a work section of the engine's device gate (no capture runs meanwhile)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     time.sleep(start_after)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        time.sleep(seconds)
+    prof = profile(activities=[ProfilerActivity.CUDA])
+    with studio.gate.work():
+        prof.start()
+    time.sleep(seconds)
+    with studio.gate.work():
         torch.cuda.synchronize()
+        prof.stop()
     events = [e for e in prof.key_averages() if e.device_time_total > 0]
     busy = sum(e.device_time_total for e in events) / 1e6
     top = sorted(events, key=lambda e: -e.device_time_total)[:25]
@@ -117,7 +123,7 @@ def level(studio, clients: int, duration: float, stream: bool, tokens: int, clip
     threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
     for t in threads:
         t.start()
-    kernels = profile_kernels(min(3.0, duration / 3), start_after=duration / 3) if torch_profile else None
+    kernels = profile_kernels(studio, min(3.0, duration / 3), start_after=duration / 3) if torch_profile else None
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0

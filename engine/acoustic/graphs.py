@@ -33,7 +33,7 @@ Graph = tuple[Callable[[], None], tuple[torch.Tensor, ...], tuple[torch.Tensor, 
 def capture_cuda(fn: Callable[..., tuple[torch.Tensor, ...]], example: tuple[torch.Tensor, ...], static: tuple,
                  pool) -> Graph:
     """Capture ``fn(*example, *static)`` as a CUDA graph in ``pool``, on the current stream (a side stream when
-    that is the default one), after two warm-up calls there. Returns its replay, its static inputs (copies of
+    that is the default one), after a warm-up call there. Returns its replay, its static inputs (copies of
     ``example``) and outputs.
 
     The low-level capture calls, not ``torch.cuda.graph``: that one synchronises the device, collects garbage
@@ -48,8 +48,7 @@ def capture_cuda(fn: Callable[..., tuple[torch.Tensor, ...]], example: tuple[tor
         stream = torch.cuda.Stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(stream):
-        for _ in range(2):  # first calls: convolution plans, Triton builds, lazy buffers
-            fn(*static_in, *static)
+        fn(*static_in, *static)  # a first call: convolution plans, Triton builds, lazy buffers
         graph = torch.cuda.CUDAGraph()
         # thread_local: another thread's API call cannot invalidate this capture
         graph.capture_begin(pool=pool, capture_error_mode="thread_local")

@@ -385,6 +385,7 @@ class AcousticGraphs:
 
     ENCODER_FRAMES = 64 * 512  # rows x frames of an encoder graph at most
     VOICE_FRAMES = 32 * 160  # rows x output frames of a voicing graph at most (its pool: ~2 GB at fp16)
+    VOICE_WIDTH = 256  # output frames of a voicing graph at most (a chunk is ~50; longer rows are few and long)
 
     def __init__(self, sovits, limit: int = 128, **bank) -> None:
         from engine.acoustic.graphs import GraphBank
@@ -408,7 +409,7 @@ class AcousticGraphs:
         p = next(self.sovits.parameters())
         hidden, channels = self.sovits.enc_p.proj.in_channels, self.sovits.enc_p.out_channels
         gin = self.sovits.dims.gin_channels
-        widths = sorted({width_bucket(n) for n in range(1, self.VOICE_FRAMES + 1)})
+        widths = sorted({width_bucket(n) for n in range(1, self.VOICE_WIDTH + 1)})
         for b in BATCH_BUCKETS:
             for w in (w for w in widths if b * w <= self.VOICE_FRAMES):
                 self.voices.want(torch.zeros(b, hidden, w, device=p.device, dtype=p.dtype),
@@ -431,7 +432,7 @@ class AcousticGraphs:
     def voice(self, *inputs: torch.Tensor, noise_scale: float) -> torch.Tensor:
         """The audio of a voicing batch; a graph's output is copied (the next replay reuses its memory)."""
         y = inputs[0]
-        if y.shape[0] * y.shape[-1] > self.VOICE_FRAMES:
+        if y.shape[0] * y.shape[-1] > self.VOICE_FRAMES or y.shape[-1] > self.VOICE_WIDTH:
             return voice_latents(self.sovits, *inputs, noise_scale)[0]
         return self.voices(*inputs, static=(noise_scale,))[0].clone()
 

@@ -44,8 +44,8 @@ PREFILL_TOKENS = 8192  # most prefix positions (rows x width) prefilled in one g
 CPU_SLOTS = 8
 MAX_CUDA_SLOTS = 2048
 MAX_ACOUSTIC_BATCH = 128  # streaming chunks decoded together (CUDA)
-# acoustic graphs captured before a round at most (each pauses every device user for ~0.1 s while serving)
-ACOUSTIC_CAPTURES_PER_ROUND = 2
+# acoustic graphs captured before a round at most (each pauses every device user for ~0.1-0.2 s while serving)
+ACOUSTIC_CAPTURES_PER_ROUND = 1
 _CAPTURE = ("capture",)  # on the acoustic queue: capture every acoustic graph wanted (capture_graphs)
 # a whole-file request decodes up to this many of its sentences at once (each in a slot of its own)
 PARALLEL_SENTENCES = 16
