@@ -385,7 +385,8 @@ class AcousticGraphs:
 
     ENCODER_FRAMES = 64 * 512  # rows x frames of an encoder graph at most
     VOICE_FRAMES = 32 * 160  # rows x output frames of a voicing graph at most (its pool: ~2 GB at fp16)
-    VOICE_WIDTH = 256  # output frames of a voicing graph at most (a chunk is ~50; longer rows are few and long)
+    VOICE_WIDTH = 256  # output frames of the voicing graphs captured up front (a chunk is ~50); wider ones (whole
+    # sentences at low load) are captured when met
 
     def __init__(self, sovits, limit: int = 128, **bank) -> None:
         from engine.acoustic.graphs import GraphBank
@@ -432,7 +433,7 @@ class AcousticGraphs:
     def voice(self, *inputs: torch.Tensor, noise_scale: float) -> torch.Tensor:
         """The audio of a voicing batch; a graph's output is copied (the next replay reuses its memory)."""
         y = inputs[0]
-        if y.shape[0] * y.shape[-1] > self.VOICE_FRAMES or y.shape[-1] > self.VOICE_WIDTH:
+        if y.shape[0] * y.shape[-1] > self.VOICE_FRAMES:
             return voice_latents(self.sovits, *inputs, noise_scale)[0]
         return self.voices(*inputs, static=(noise_scale,))[0].clone()
 
