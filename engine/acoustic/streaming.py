@@ -311,9 +311,15 @@ def out_frames(sovits, row: dict) -> int:
 
 
 def prefix_bucket(n: int) -> int:
-    """The padded width of the prefix encoders' inputs (frames, phones) in a bucketed batch: a multiple of 64.
-    Coarser than :func:`width_bucket`: the encoders are cheap on the device, and few shapes mean few graphs."""
+    """The padded frames of the prefix encoders' input in a bucketed batch: a multiple of 64. Coarser than
+    :func:`width_bucket`: the encoders are cheap on the device, and few shapes mean few graphs."""
     return max(64, -(-n // 64) * 64)
+
+
+def phone_bucket(n: int) -> int:
+    """The padded phones of a bucketed batch: at least 128 (a sentence rarely has more), then multiples of 64,
+    so that the encoder shapes vary in frames and rows only."""
+    return max(128, -(-n // 64) * 64)
 
 
 def voice_batches(widths: Sequence[int], buckets: bool) -> list[tuple[list[int], int]]:
@@ -388,7 +394,7 @@ class AcousticGraphs:
     VOICE_WIDTH = 256  # output frames of the voicing graphs captured up front (a chunk is ~50); wider ones (whole
     # sentences at low load) are captured when met
 
-    def __init__(self, sovits, limit: int = 128, **bank) -> None:
+    def __init__(self, sovits, limit: int = 160, **bank) -> None:
         from engine.acoustic.graphs import GraphBank
 
         self.sovits = sovits
@@ -418,6 +424,26 @@ class AcousticGraphs:
                                  torch.zeros(b, channels, w, device=p.device, dtype=p.dtype),
                                  torch.zeros(b, gin, 1, device=p.device, dtype=p.dtype), static=(noise_scale,))
         return self.voices.wanted
+
+    ENCODER_WIDTH = 512  # frames of the encoder graphs captured up front (a 256-token sentence at 25 Hz)
+
+    def want_encoders(self) -> int:
+        """Note the encoder shapes of prefixes up to :attr:`ENCODER_WIDTH` frames and 128 phones, at every batch
+        bucket within the graph size, for a capture before serving; returns how many are wanted."""
+        p = next(self.sovits.parameters())
+        frame = 2 if self.sovits.dims.semantic_frame_rate == "25hz" else 1
+        gin = self.sovits.dims.gin_channels
+        for b in BATCH_BUCKETS:
+            for t in range(64, self.ENCODER_WIDTH + 1, 64):
+                if b * t > self.ENCODER_FRAMES:
+                    continue
+                n = t // frame
+                self.encoders.want(torch.zeros(b, n, device=p.device, dtype=torch.long),
+                                   torch.ones(b, phone_bucket(1), device=p.device, dtype=torch.long),
+                                   torch.full((b,), n * frame, device=p.device, dtype=torch.long),
+                                   torch.full((b,), phone_bucket(1), device=p.device, dtype=torch.long),
+                                   torch.zeros(b, gin, 1, device=p.device, dtype=p.dtype))
+        return self.encoders.wanted
 
     def capture_wanted(self, limit: int | None = None) -> int:
         done = self.voices.capture_wanted(limit)
@@ -488,7 +514,8 @@ def decode_streaming_batch(sovits, rows: Sequence[dict], noise_scale: float = 0.
 
     The prefix encoders run once for all rows; each row's newest frames are cropped and cross-faded with its
     previous latent; the crops are voiced in :func:`voice_batches`. ``buckets``: pad to a few repeating shapes
-    (:func:`prefix_bucket` for the encoders, :func:`width_bucket` and :data:`BATCH_BUCKETS` for the voicing;
+    (:func:`prefix_bucket` and :func:`phone_bucket` for the encoders, :func:`width_bucket` and
+    :data:`BATCH_BUCKETS` for the voicing;
     extra rows repeat a real one and are dropped), in sub-batches of similar width, so that convolution plans
     and ``graphs`` (:class:`AcousticGraphs`, CUDA) are reused. Codes and phones on the host are best: every
     host number goes to the device in one copy, before any device work is queued (a copy from pageable memory
@@ -505,7 +532,7 @@ def decode_streaming_batch(sovits, rows: Sequence[dict], noise_scale: float = 0.
     n_out = [frame * (n if r["result_length"] is None else min(n, r["result_length"])) for r, n in zip(rows, n_codes)]
     fit = prefix_bucket if buckets else (lambda n: n)
     n_tok = -(-fit(frame * max(n_codes)) // frame)  # encoder tokens (frames / frame)
-    p = fit(max(n_text))
+    p = phone_bucket(max(n_text)) if buckets else max(n_text)
     b = batch_bucket(real) if buckets else real
     w_out = width_bucket(max(n_out)) if buckets else max(n_out)
     batches = voice_batches(n_out, buckets)

@@ -286,9 +286,10 @@ class Scheduler:
     def capture_graphs(self, timeout: float | None = None) -> int:
         """Capture the decode-step graph of every batch bucket now, on the decode loop at its next quiet
         moment and with the device to itself (engine.serving.gate), and the acoustic graphs (every voicing
-        shape, and the encoder shapes the acoustic stage has met: warm-up's requests) on its own thread under
-        the gate; warm-up calls it before a server says it is ready, so that serving captures only encoder
-        shapes it meets later (a few before a round). Returns the number of graphs captured (0 off CUDA)."""
+        shape, the encoder shapes of prefixes up to 512 frames and 128 phones, and those the acoustic stage has
+        met: warm-up's requests) on its own thread under the gate; warm-up calls it before a server says it is
+        ready, so that serving captures only rarer shapes it meets later (one before a round). Returns the
+        number of graphs captured (0 off CUDA)."""
         before = self.decoder.captures + self._acoustic_graph_count()
         with self._cv:
             if self._closed:
@@ -699,9 +700,10 @@ class Scheduler:
                     break
             if any(job is None for job in pending):
                 return
-            if any(job is _CAPTURE for job in pending):  # capture_graphs (warm-up): every voicing shape, and
-                pending = deque(job for job in pending if job is not _CAPTURE)  # the encoders' shapes met so far
+            if any(job is _CAPTURE for job in pending):  # capture_graphs (warm-up): every voicing shape, the
+                pending = deque(job for job in pending if job is not _CAPTURE)  # common encoder shapes, those met
                 self.acoustic_graphs.want_voices()
+                self.acoustic_graphs.want_encoders()
                 self._capture_acoustic(stream, None)
                 self._acoustic_captured.set()
                 if not pending:

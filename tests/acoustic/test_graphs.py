@@ -109,9 +109,9 @@ def test_batched_decodes_through_graphs_give_the_eager_numbers(version):
     assert len(first) == 4
 
 
-def test_every_voicing_shape_can_be_captured_before_serving():
-    """Warm-up captures a graph of every voicing shape (batch bucket x width bucket within the graph size): a
-    bucketed decode afterwards voices its rows through replays only."""
+def test_every_voicing_shape_and_the_common_encoder_shapes_can_be_captured_before_serving():
+    """Warm-up captures a graph of every voicing shape (batch bucket x width bucket within the graph size) and of
+    the common encoder shapes: a bucketed decode of such rows afterwards runs through replays only."""
     from engine.acoustic.streaming import BATCH_BUCKETS, AcousticGraphs, decode_streaming_batch
 
     sovits = sup.studio("v2").cloner().models.sovits
@@ -121,6 +121,9 @@ def test_every_voicing_shape_can_be_captured_before_serving():
     assert wanted == graphs.voices.wanted and wanted >= len(BATCH_BUCKETS)
     assert graphs.want_voices() == wanted  # noting them again adds nothing
     assert graphs.capture_wanted() == wanted and graphs.want_voices() == 0
+    graphs.ENCODER_FRAMES, graphs.ENCODER_WIDTH = 4 * 128, 128
+    encoders = graphs.want_encoders()
+    assert encoders == graphs.encoders.wanted >= 2 and graphs.capture_wanted() == encoders
     g = torch.Generator().manual_seed(5)
     ge = torch.randn(1, sovits.dims.gin_channels, 1, generator=g)
     rows = [{"codes": torch.randint(0, 1024, (n,), generator=g), "text": torch.randint(1, 300, (7,), generator=g),
@@ -128,3 +131,4 @@ def test_every_voicing_shape_can_be_captured_before_serving():
             for n in (12, 30, 31)]
     decode_streaming_batch(sovits, rows, buckets=True, graphs=graphs)
     assert graphs.voices.eager == 0 and graphs.voices.replays >= 1
+    assert graphs.encoders.eager == 0 and graphs.encoders.replays == 1  # 3 rows, 62 frames, 7 phones: (4, 64, 128)
