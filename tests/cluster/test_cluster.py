@@ -310,6 +310,16 @@ def test_a_killed_state_keeps_the_default_weights(cluster, files):
         assert r.status_code == 200
 
 
+def pool_loads(url: str, replica: str) -> float:
+    """The weights a replica's model pool has loaded, from the cluster's /metrics (as that replica last reported)."""
+    text = httpx.get(f"{url}/metrics", timeout=TIMEOUT).text
+    for line in text.splitlines():
+        if (line.startswith("sovits_cache_misses_total{") and 'cache="model_pool"' in line
+                and f'replica="{replica}"' in line):
+            return float(line.rsplit(None, 1)[1])
+    raise AssertionError(f"no model_pool loads reported by replica {replica}")
+
+
 def timed_get(url: str, **kw) -> tuple[float, httpx.Response]:
     start = time.monotonic()
     r = httpx.get(url, timeout=TIMEOUT, **kw)
@@ -353,9 +363,9 @@ def test_a_killed_gateway_answers_503_and_new_requests_go_around_it(cluster, fil
 
 def test_a_killed_replica_does_not_take_the_service_down(cluster, files):
     """Kill the process of the replica computing a request: that request answers 503 with Retry-After, the
-    next ones answer as before, Serve starts a replacement that warms the killed replica's model sets before
-    it takes traffic, and its first request is no slower than twice a warm one (both with a new reference
-    clip, whose features any replica computes once)."""
+    next ones answer as before, and Serve starts a replacement that warms the killed replica's model sets before
+    it takes traffic: its first request loads no weights (its model pool's loads, in the metrics it reports,
+    are the same after that request as before it)."""
     a = httpx.get(f"{cluster}/tts", params=query(files), timeout=TIMEOUT)
     b = httpx.get(f"{cluster}/tts", params=query(files, other=True), timeout=TIMEOUT)
     fresh = iter(range(FRESH_REFERENCES))
@@ -395,6 +405,8 @@ def test_a_killed_replica_does_not_take_the_service_down(cluster, files):
     assert replaced["requests_lost"] >= 1
     new = next(r for r in replaced["replicas"] if r["replica"] not in known)
     assert str(files["gpt2"].resolve()) in {m["gpt"] for m in new["model_sets"]}  # the dead one's set, warmed
+    loads_before = pool_loads(cluster, new["replica"])
+    assert loads_before >= 1  # it loaded the set while warming, before any request reached it
     for _ in range(8):  # Serve's router picks one of the two replicas holding the set
         first, r = timed_get(f"{cluster}/tts", params=new_voice())
         assert r.status_code == 200, r.text
@@ -402,8 +414,11 @@ def test_a_killed_replica_does_not_take_the_service_down(cluster, files):
             break
     else:
         raise AssertionError("no request reached the replacement replica")
+    answered = time.monotonic()
+    wait_for(lambda: any(r["replica"] == new["replica"] and time.monotonic() - r["last_report_s"] > answered + 0.1
+                         for r in health(cluster)["replicas"]), 30, "a report from the replacement after its request")
+    assert pool_loads(cluster, new["replica"]) == loads_before  # the request found its weights loaded
     r = httpx.get(f"{cluster}/tts", params=query(files, other=True), timeout=TIMEOUT)
     assert r.status_code == 200 and r.content == b.content
     print(f"\nreplacement live {up_after:.1f} s after the kill; its first request {first:.2f} s "
           f"(warm: {warm:.2f} s)")
-    assert first <= 2 * warm
