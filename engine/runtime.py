@@ -256,6 +256,28 @@ def copy_to_host(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], device: tor
     wait_for_device(device)
 
 
+def tensors_to_host(tensors: Sequence[torch.Tensor], device: torch.device | str) -> list[torch.Tensor]:
+    """Tensors on ``device`` on the host in one copy (one wait for the device, not one a tensor): concatenated
+    flat on the device per dtype, copied with :func:`copy_to_host`, split on the host. Same values and shapes."""
+    if not tensors or torch.device(device).type == "cpu":
+        return list(tensors)
+    out: list = [None] * len(tensors)
+    by_dtype: dict[torch.dtype, list[int]] = {}
+    for i, t in enumerate(tensors):
+        by_dtype.setdefault(t.dtype, []).append(i)
+    pairs, parts = [], []
+    for dtype, idx in by_dtype.items():
+        flat = torch.cat([tensors[i].reshape(-1) for i in idx])
+        host = torch.empty(flat.shape, dtype=dtype)
+        pairs.append((host, flat))
+        parts.append((idx, host))
+    copy_to_host(pairs, device)
+    for idx, host in parts:
+        for i, piece in zip(idx, torch.split(host, [tensors[i].numel() for i in idx])):
+            out[i] = piece.view(tensors[i].shape)
+    return out
+
+
 # ---- operators the device lacks --------------------------------------------------------------
 
 T = TypeVar("T")

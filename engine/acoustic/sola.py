@@ -32,6 +32,43 @@ def sola_tail(head: torch.Tensor, nxt: torch.Tensor, overlap: int, search: int =
     return tail
 
 
+def sola_chunks(heads: Sequence[torch.Tensor], nexts: Sequence[torch.Tensor], overlap: int,
+                search: int = SOLA_SEARCH) -> list[torch.Tensor]:
+    """For several (previous chunk, next chunk) pairs of one dtype and device, what a stream plays of the next
+    chunk: ``sola_pair(head, next, overlap)[len(head) - overlap: -overlap]`` each, with its in-place write (a
+    float32 ``next`` holds its cross-fade afterwards). The lags of the pairs whose ``next`` has ``overlap +
+    search`` samples come from one grouped correlation and reach the host in one copy (one wait for the
+    device, not one a pair); their cross-fades are computed together, in float32. The same arithmetic per pair;
+    only the correlation's summation order may differ (a grouped convolution), so a lag can differ where two
+    are tied to rounding. Shorter pairs are joined one by one."""
+    out: list = [None] * len(heads)
+    full = [i for i, n in enumerate(nexts) if n.shape[0] >= overlap + search]
+    for i in sorted(set(range(len(heads))) - set(full)):
+        out[i] = sola_pair(heads[i], nexts[i], overlap, search)[heads[i].shape[0] - overlap: -overlap]
+    if not full:
+        return out
+    w1 = torch.stack([heads[i][-overlap:] for i in full]).float()  # (R, overlap)
+    w2 = torch.stack([nexts[i][: overlap + search] for i in full]).float()  # (R, overlap + search)
+    rows = len(full)
+    corr = F.conv1d(w2.unsqueeze(0), w1.unsqueeze(1), groups=rows)[0]  # (R, search + 1)
+    energy = F.conv1d(w2.unsqueeze(0) ** 2, torch.ones_like(w1).unsqueeze(1), groups=rows)[0] + 1e-8
+    lags = (corr / energy.sqrt()).argmax(dim=1)
+    window = torch.hann_window(overlap * 2, device=w1.device, dtype=w1.dtype)
+    start = w2.gather(1, lags.unsqueeze(1) + torch.arange(overlap, device=w1.device))  # next[lag:lag + overlap]
+    faded = window[:overlap] * start + window[overlap:] * w1
+    dtype = nexts[full[0]].dtype
+    if dtype != torch.float32:
+        faded = faded.to(dtype)  # as sola_pair's result, cast back (next itself is not written: a float copy was)
+    for k, (i, lag) in enumerate(zip(full, lags.tolist())):
+        nxt, keep = nexts[i], nexts[i].shape[0] - lag - overlap
+        if dtype == torch.float32:
+            nxt[lag:lag + overlap] = faded[k]  # into next itself, as sola_tail writes
+            out[i] = nxt[lag:lag + keep]
+        else:
+            out[i] = torch.cat([faded[k], nxt[lag + overlap:]])[:keep]
+    return out
+
+
 def sola_join(fragments: Sequence[torch.Tensor], overlap: int, search: int = SOLA_SEARCH) -> torch.Tensor:
     """Join consecutive 1-D fragments (the inputs are left unchanged); the dtype of the first."""
     if not fragments:

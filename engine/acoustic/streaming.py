@@ -626,12 +626,21 @@ class SentenceStream:
                 "overlap_frames": None if self.last_latent is None else self.last_latent[:, :, -ov * self.frames_per_token:],
                 "n": n, "ov": ov, "first": first, "final": final}
 
+    def _crop(self, plan: dict, audio: torch.Tensor) -> torch.Tensor:
+        """A decoded chunk's audio without the extra overlap a short chunk was decoded with."""
+        if plan["ov"] > self.overlap_length:
+            return audio[-int((self.overlap_length + plan["n"]) * self.up):]
+        return audio
+
+    def _joins(self, plan: dict) -> bool:
+        """Whether the chunk of ``plan`` is SOLA-joined to the previous one (neither first nor final)."""
+        return not (plan["first"] or plan["final"])
+
     def _finish(self, plan: dict, audio: torch.Tensor, latent: torch.Tensor) -> torch.Tensor:
         """Crop and SOLA-join one decoded chunk (audio (samples,)) -> the audio ready to play."""
         from engine.acoustic.sola import sola_pair
 
-        if plan["ov"] > self.overlap_length:
-            audio = audio[-int((self.overlap_length + plan["n"]) * self.up):]
+        audio = self._crop(plan, audio)
         out = audio
         if plan["first"]:
             if not plan["final"]:
@@ -704,6 +713,30 @@ def voice_together(streams: Sequence[SentenceStream], chunks: Sequence[tuple[Seq
         graphs = None
     decoded = decode_streaming_batch(sovits, [*rows, *sentences], buckets=buckets, graphs=graphs) \
         if rows or sentences else []
-    for i, p, (audio, latent) in zip(together, plans, decoded):
-        out[i] = streams[i]._finish(p, audio, latent)
+    for i, audio in zip(together, finish_together([streams[i] for i in together], plans, decoded)):
+        out[i] = audio
     return out + [audio for audio, _ in decoded[len(rows):]]
+
+
+def finish_together(streams: Sequence[SentenceStream], plans: Sequence[dict],
+                    decoded: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
+    """:meth:`SentenceStream._finish` for the chunks of one batched decode: the SOLA joins of chunks with the
+    same overlap and dtype search their lags together (:func:`engine.acoustic.sola.sola_chunks`: one wait for
+    the device for all of them, not one a chunk). Returns each chunk's audio, ready to play."""
+    from engine.acoustic.sola import sola_chunks
+
+    out: list = [None] * len(streams)
+    groups: dict[tuple, list[int]] = {}
+    for k, (stream, plan, (audio, _)) in enumerate(zip(streams, plans, decoded)):
+        if stream._joins(plan) and stream.last_audio is not None and stream.last_audio.dtype == audio.dtype:
+            groups.setdefault((stream.overlap_size, audio.dtype, audio.device), []).append(k)
+    for (size, _, _), ks in groups.items():
+        crops = [streams[k]._crop(plans[k], decoded[k][0]) for k in ks]
+        played = sola_chunks([streams[k].last_audio for k in ks], crops, size)
+        for k, crop, audio in zip(ks, crops, played):
+            streams[k].last_latent, streams[k].last_audio = decoded[k][1], crop
+            out[k] = audio
+    for k, (stream, plan, (audio, latent)) in enumerate(zip(streams, plans, decoded)):
+        if out[k] is None:
+            out[k] = stream._finish(plan, audio, latent)
+    return out

@@ -31,7 +31,7 @@ import torch
 
 from engine.acoustic.streaming import ChunkTracker
 from engine.errors import BusyError, EngineError
-from engine.runtime import conv_backend
+from engine.runtime import conv_backend, tensors_to_host
 from engine.serving.gate import DeviceGate
 from engine.serving.requests import Piece, Request
 from engine.serving.sampling import stream_key
@@ -758,6 +758,7 @@ class Scheduler:
                 with torch.inference_mode():
                     audios = voice_together([j[4] for j in chunks], [j[3] for j in chunks], buckets=buckets,
                                             sentences=self._sentence_rows(wholes), graphs=self.acoustic_graphs)
+                    audios = tensors_to_host(audios, self.models.device)  # one copy, one wait
             except Exception as e:
                 log.exception("acoustic stage failed")
                 self._event("acoustic_failure")

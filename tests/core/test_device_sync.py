@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine.models.t2s import T2SDims
-from engine.runtime import copy_to_host, wait_for_device
+from engine.runtime import copy_to_host, tensors_to_host, wait_for_device
 from engine.serving.slots import SlotDecoder
 from engine.testweights.t2s import random_t2s_model
 
@@ -62,6 +62,21 @@ def test_copy_to_host_waits_for_every_accelerator(fake, device) -> None:
     copy_to_host(((host[0], src[0]), (host[1], src[1])), device)
     assert fake.events == ["wait"] and not fake.pending
     assert host.numpy().tolist() == [[1, 2, 3], [4, 5, 6]]
+
+
+@pytest.mark.parametrize("device", ["mps", "cuda:0"])
+def test_many_tensors_reach_the_host_after_one_wait(fake, device) -> None:
+    """A round's audio: pieces of several shapes and dtypes, one wait for the device, the same numbers back."""
+    g = torch.Generator().manual_seed(0)
+    pieces = [torch.randn(5, generator=g), torch.randn(2, 3, generator=g).half(), torch.randn(0, generator=g),
+              torch.randn(7, generator=g), torch.randn(4, generator=g)[1:3]]
+    got = tensors_to_host(pieces, device)
+    assert fake.events == ["wait"]
+    assert [(t.shape, t.dtype) for t in got] == [(t.shape, t.dtype) for t in pieces]
+    for a, b in zip(got, pieces):
+        assert torch.equal(a, b)
+    on_cpu = tensors_to_host(pieces, "cpu")  # the CPU: as they are, no wait
+    assert all(a is b for a, b in zip(on_cpu, pieces)) and fake.events == ["wait"]
 
 
 def test_the_fake_shows_a_missing_wait() -> None:
