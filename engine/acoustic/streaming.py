@@ -16,7 +16,6 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.nn.utils.rnn import pad_sequence
 
 from engine.models.sovits_modules import sequence_mask
 
@@ -470,18 +469,22 @@ def _host(t: torch.Tensor) -> np.ndarray:
 
 def _fade_index(overlaps: Sequence[torch.Tensor | None], w: int) -> tuple[list[int], np.ndarray]:
     """Host side of :func:`_cross_fade`: the distinct overlap sizes and, per row and frame, where its two
-    weights are in the table ``[1, 0, window(ov) for each size]`` (1 and 0 past its overlap)."""
+    weights are in the table ``[1, 0, window(ov) for each size]`` (1 and 0 past its overlap), and where its
+    previous frame is in the rows' overlaps side by side (0 past its overlap)."""
     sizes = sorted({o.shape[-1] for o in overlaps if o is not None})
     offset, at = {}, 2
     for ov in sizes:
         offset[ov], at = at, at + 2 * ov
-    index = np.zeros((2, len(overlaps), w), dtype=np.int64)
+    index = np.zeros((3, len(overlaps), w), dtype=np.int64)
     index[1] = 1
+    placed = 0
     for i, o in enumerate(overlaps):
         if o is not None:
             ov = o.shape[-1]
             index[0, i, :ov] = offset[ov] + np.arange(ov)
             index[1, i, :ov] = offset[ov] + ov + np.arange(ov)
+            index[2, i, :ov] = placed + np.arange(ov)
+            placed += ov
     return sizes, index
 
 
@@ -491,13 +494,12 @@ def _cross_fade(crop: torch.Tensor, overlaps: Sequence[torch.Tensor | None], siz
     (``overlaps``: (1, hidden, ov) or None each), as officially: ``window[:ov] * new + window[ov:] * previous``,
     ``window`` the official sine of ``2 * ov`` points computed as it is (on the device, once per size);
     ``sizes``, ``index``: :func:`_fade_index` (the index on the device)."""
-    dev, hidden, w = crop.device, crop.shape[1], crop.shape[2]
+    dev = crop.device
     windows = [torch.sin(torch.arange(ov * 2, device=dev) * math.pi / (ov * 2)).to(crop.dtype) for ov in sizes]
     table = torch.cat([crop.new_ones(1), crop.new_zeros(1), *windows])
-    weights = table[index].unsqueeze(2)  # (2, B, 1, W)
-    previous = pad_sequence([o[0].transpose(0, 1) if o is not None else crop.new_zeros(0, hidden)
-                             for o in overlaps], batch_first=True).transpose(1, 2)  # (B, hidden, max ov)
-    previous = F.pad(previous.to(crop.dtype), (0, w - previous.shape[-1]))
+    weights = table[index[:2]].unsqueeze(2)  # (2, B, 1, W)
+    side_by_side = torch.cat([o[0] for o in overlaps if o is not None], dim=1).to(crop.dtype)  # (hidden, sum ov)
+    previous = torch.where((index[1] != 1).unsqueeze(1), side_by_side[:, index[2]].transpose(0, 1), 0)
     return weights[0] * crop + weights[1] * previous
 
 
@@ -539,22 +541,25 @@ def decode_streaming_batch(sovits, rows: Sequence[dict], noise_scale: float = 0.
     members = [m + m[:1] * ((batch_bucket(len(m)) if buckets else len(m)) - len(m)) for m, _ in batches]
     overlaps = [r["overlap_frames"] for r in rows]
     faded = any(o is not None for o in overlaps)
-    sizes, fade = _fade_index(overlaps, w_out) if faded else ([], np.zeros((2, 0, w_out), dtype=np.int64))
+    sizes, fade = _fade_index(overlaps, w_out) if faded else ([], np.zeros((3, 0, w_out), dtype=np.int64))
     # the host numbers, one copy: per row (row 0 again past ``real``) codes, phones, lengths, crop start; then
-    # the sub-batches' rows and the cross-fade's weight index
+    # the sub-batches' rows, the cross-fade's weight index, and where each row's noise is in the rows' draws
     grid = np.zeros((b, n_tok + p + 4), dtype=np.int64)
     for i in range(b):
         k = i if i < real else 0
         grid[i, :n_codes[k]] = _host(rows[k]["codes"])
         grid[i, n_tok:n_tok + n_text[k]] = _host(rows[k]["text"])
         grid[i, -4:] = (frame * n_codes[k], n_text[k], n_out[k], frame * n_codes[k] - n_out[k])
-    flat = torch.from_numpy(np.concatenate([grid.ravel(), *map(np.asarray, members), fade.ravel()])).to(dev)
+    starts_at = np.cumsum([0, *n_out[:-1]])
+    drawn = np.minimum(starts_at[:, None] + np.arange(w_out), max(sum(n_out) - 1, 0))  # past a row's end: masked
+    flat = torch.from_numpy(np.concatenate([grid.ravel(), *map(np.asarray, members), fade.ravel(),
+                                            drawn.ravel()])).to(dev)
     grid, at = flat[: grid.size].view(grid.shape), grid.size
     picks = []
     for m in members:
         picks.append(flat[at:at + len(m)])
         at += len(m)
-    fade = flat[at:].view(fade.shape)
+    fade, drawn = flat[at:at + fade.size].view(fade.shape), flat[at + fade.size:].view(drawn.shape)
     codes, text = grid[:, :n_tok], grid[:, n_tok:n_tok + p]
     lengths, text_lengths, out_lengths, starts = grid[:, -4], grid[:, -3], grid[:, -2], grid[:, -1]
     ges = [r["ge"].to(dtype) for r in rows]
@@ -564,15 +569,17 @@ def decode_streaming_batch(sovits, rows: Sequence[dict], noise_scale: float = 0.
     # each row's newest frames: w_out frames gathered from its crop start, those past its crop zeroed
     hidden = y.shape[1]
     j = torch.arange(w_out, device=dev)
-    keep = (j.unsqueeze(0) < out_lengths[:real].unsqueeze(1)).unsqueeze(1).to(y.dtype)  # (B, 1, W)
+    inside = (j.unsqueeze(0) < out_lengths[:real].unsqueeze(1)).unsqueeze(1)  # (B, 1, W)
+    keep = inside.to(y.dtype)
     index = torch.minimum(starts[:real].unsqueeze(1) + j.unsqueeze(0), lengths[:real].unsqueeze(1) - 1)
     crop = torch.gather(y[:real], 2, index.unsqueeze(1).expand(real, hidden, w_out)) * keep
     if faded:
         crop = _cross_fade(crop, overlaps, sizes, fade)
     channels = sovits.enc_p.out_channels
-    noise = pad_sequence([torch.randn((1, channels, n_out[i]), generator=rows[i]["generator"], device=dev,
-                                      dtype=dtype)[0].transpose(0, 1) for i in range(real)], batch_first=True)
-    noise = F.pad(noise.transpose(1, 2), (0, w_out - noise.shape[1]))  # (B, channels, W)
+    # each row's own draws (its generator, as alone), side by side in time, then gathered into the padded batch
+    draws = torch.cat([torch.randn((1, channels, n_out[i]), generator=rows[i]["generator"], device=dev,
+                                   dtype=dtype)[0] for i in range(real)], dim=1)  # (channels, sum of n_out)
+    noise = torch.where(inside, draws[:, drawn].transpose(0, 1), 0)  # (B, channels, W), zero past a row's end
     out: list = [None] * real
     for (rows_in, w), idx in zip(batches, picks):
         sub = (crop.index_select(0, idx)[:, :, :w], out_lengths.index_select(0, idx),
