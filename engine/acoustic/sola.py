@@ -37,22 +37,25 @@ def sola_chunks(heads: Sequence[torch.Tensor], nexts: Sequence[torch.Tensor], ov
     """For several (previous chunk, next chunk) pairs of one dtype and device, what a stream plays of the next
     chunk: ``sola_pair(head, next, overlap)[len(head) - overlap: -overlap]`` each, with its in-place write (a
     float32 ``next`` holds its cross-fade afterwards). The lags of the pairs whose ``next`` has ``overlap +
-    search`` samples come from one grouped correlation and reach the host in one copy (one wait for the
-    device, not one a pair); their cross-fades are computed together, in float32. The same arithmetic per pair;
-    only the correlation's summation order may differ (a grouped convolution), so a lag can differ where two
-    are tied to rounding. Shorter pairs are joined one by one."""
+    search`` samples come from one grouped correlation (its rows padded to a power of two: few shapes, few
+    cuDNN plans) and reach the host in one copy (one wait for the device, not one a pair); their cross-fades
+    are computed together, in float32. The same arithmetic per pair; only the correlation's summation order
+    may differ (a grouped convolution), so a lag can differ where two are tied to rounding. Shorter pairs are
+    joined one by one."""
     out: list = [None] * len(heads)
     full = [i for i, n in enumerate(nexts) if n.shape[0] >= overlap + search]
     for i in sorted(set(range(len(heads))) - set(full)):
         out[i] = sola_pair(heads[i], nexts[i], overlap, search)[heads[i].shape[0] - overlap: -overlap]
     if not full:
         return out
-    w1 = torch.stack([heads[i][-overlap:] for i in full]).float()  # (R, overlap)
-    w2 = torch.stack([nexts[i][: overlap + search] for i in full]).float()  # (R, overlap + search)
-    rows = len(full)
-    corr = F.conv1d(w2.unsqueeze(0), w1.unsqueeze(1), groups=rows)[0]  # (R, search + 1)
+    rows = 1 << (len(full) - 1).bit_length()
+    pad = [heads[full[0]].new_zeros(overlap + search)] * (rows - len(full))
+    w1 = torch.stack([heads[i][-overlap:] for i in full] + [z[:overlap] for z in pad]).float()  # (rows, overlap)
+    w2 = torch.stack([nexts[i][: overlap + search] for i in full] + pad).float()  # (rows, overlap + search)
+    corr = F.conv1d(w2.unsqueeze(0), w1.unsqueeze(1), groups=rows)[0]  # (rows, search + 1)
     energy = F.conv1d(w2.unsqueeze(0) ** 2, torch.ones_like(w1).unsqueeze(1), groups=rows)[0] + 1e-8
-    lags = (corr / energy.sqrt()).argmax(dim=1)
+    lags = (corr / energy.sqrt()).argmax(dim=1)[: len(full)]
+    w1, w2 = w1[: len(full)], w2[: len(full)]
     window = torch.hann_window(overlap * 2, device=w1.device, dtype=w1.dtype)
     start = w2.gather(1, lags.unsqueeze(1) + torch.arange(overlap, device=w1.device))  # next[lag:lag + overlap]
     faded = window[:overlap] * start + window[overlap:] * w1
