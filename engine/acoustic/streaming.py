@@ -639,24 +639,9 @@ class SentenceStream:
             return audio[-int((self.overlap_length + plan["n"]) * self.up):]
         return audio
 
-    def _joins(self, plan: dict) -> bool:
-        """Whether the chunk of ``plan`` is SOLA-joined to the previous one (neither first nor final)."""
-        return not (plan["first"] or plan["final"])
-
     def _finish(self, plan: dict, audio: torch.Tensor, latent: torch.Tensor) -> torch.Tensor:
         """Crop and SOLA-join one decoded chunk (audio (samples,)) -> the audio ready to play."""
-        from engine.acoustic.sola import sola_pair
-
-        audio = self._crop(plan, audio)
-        out = audio
-        if plan["first"]:
-            if not plan["final"]:
-                out = out[:-self.overlap_size]
-        elif not plan["final"]:
-            joined = sola_pair(self.last_audio, out, self.overlap_size)
-            out = joined[self.last_audio.shape[0] - self.overlap_size: -self.overlap_size]
-        self.last_latent, self.last_audio = latent, audio
-        return out
+        return finish_together([self], [plan], [(audio, latent)])[0]
 
     def _run(self, fn, *args, **kwargs):
         """``fn(sovits, *args, **kwargs)``, through the device fallback when there is one."""
@@ -727,23 +712,25 @@ def voice_together(streams: Sequence[SentenceStream], chunks: Sequence[tuple[Seq
 
 def finish_together(streams: Sequence[SentenceStream], plans: Sequence[dict],
                     decoded: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
-    """:meth:`SentenceStream._finish` for the chunks of one batched decode: the SOLA joins of chunks with the
-    same overlap and dtype search their lags together (:func:`engine.acoustic.sola.sola_chunks`: one wait for
-    the device for all of them, not one a chunk). Returns each chunk's audio, ready to play."""
+    """Crop and SOLA-join the decoded chunks (audio (samples,), latent) of several streams, one each -> the
+    audio each plays. A first chunk holds back its last ``overlap_size`` samples, a final one is played whole,
+    any other is joined to the stream's previous chunk: the joins of chunks with one overlap, dtype and device
+    search their lags together (:func:`engine.acoustic.sola.sola_chunks`: one wait for the device for all)."""
     from engine.acoustic.sola import sola_chunks
 
+    crops = [s._crop(p, audio) for s, p, (audio, _) in zip(streams, plans, decoded)]
     out: list = [None] * len(streams)
-    groups: dict[tuple, list[int]] = {}
-    for k, (stream, plan, (audio, _)) in enumerate(zip(streams, plans, decoded)):
-        if stream._joins(plan) and stream.last_audio is not None and stream.last_audio.dtype == audio.dtype:
-            groups.setdefault((stream.overlap_size, audio.dtype, audio.device), []).append(k)
-    for (size, _, _), ks in groups.items():
-        crops = [streams[k]._crop(plans[k], decoded[k][0]) for k in ks]
-        played = sola_chunks([streams[k].last_audio for k in ks], crops, size)
-        for k, crop, audio in zip(ks, crops, played):
-            streams[k].last_latent, streams[k].last_audio = decoded[k][1], crop
-            out[k] = audio
-    for k, (stream, plan, (audio, latent)) in enumerate(zip(streams, plans, decoded)):
-        if out[k] is None:
-            out[k] = stream._finish(plan, audio, latent)
+    joins: dict[tuple, list[int]] = {}
+    for k, (stream, plan, crop) in enumerate(zip(streams, plans, crops)):
+        if plan["final"]:
+            out[k] = crop
+        elif plan["first"]:
+            out[k] = crop[:-stream.overlap_size]
+        else:
+            joins.setdefault((stream.overlap_size, crop.dtype, crop.device), []).append(k)
+    for (size, _, _), ks in joins.items():
+        for k, played in zip(ks, sola_chunks([streams[k].last_audio for k in ks], [crops[k] for k in ks], size)):
+            out[k] = played
+    for stream, crop, (_, latent) in zip(streams, crops, decoded):
+        stream.last_latent, stream.last_audio = latent, crop
     return out
