@@ -6,15 +6,20 @@ official ``tts_infer.yaml`` names, so a downloaded tree works with both the offi
 Sources: the official weight repo ``lj1995/GPT-SoVITS`` on the Hugging Face hub, NVIDIA's
 ``nvidia/bigvgan_v2_24khz_100band_256x`` for the v3 vocoder, and the G2PW archive from
 ``XXXXRT/GPT-SoVITS-Pretrained`` (the mirror the official installer uses; with any v2+ version by default, as the
-official frontend reads v2+ Mandarin with it). Each repository has its own revision; URLs go through
-``HF_ENDPOINT`` as the hub client's do.
+official frontend reads v2+ Mandarin with it), and G2PW's two correction tables from the official repository on
+GitHub at the commit we follow (pinned length and sha256). Each repository has its own revision; hub URLs go
+through ``HF_ENDPOINT`` as the hub client's do, GitHub URLs through ``SOVITS_STUDIO_GITHUB_MIRROR`` (a base URL that
+stands in for ``https://raw.githubusercontent.com``).
 
 ``huggingface_hub`` is imported only when something is actually fetched. Downloads resume (the hub
 client keeps partial files next to the target) and show its per-file bars; ``on_progress`` follows the
-whole download (bytes and files). After a download we verify what we can: the size and sha256 the hub
-reports for the file, and for the pretrained SoVITS files the md5 of their first 8 KiB that the official
-version detection keys on (``process_ckpt.py`` ``get_sovits_version_from_path_fast``). :func:`check`
-verifies an installed tree offline by heads (and sizes, when the hub can say them).
+whole download (bytes and files). Every file is checked as it lands, before it counts as installed: the size
+(and sha256) the hub reports, for the pretrained SoVITS files the md5 of their first 8 KiB that the official
+version detection keys on (``process_ckpt.py`` ``get_sovits_version_from_path_fast``), and its head for its kind
+(:func:`file_head_problem`: never an HTML or JSON error page, a Git LFS pointer or a truncated zip). A file that
+fails is removed. A rerun checks the files already there the same way (sizes when the hub answers) and fetches
+again any that fail, instead of skipping them as present. :func:`check` verifies an installed tree without
+fetching.
 """
 
 from __future__ import annotations
@@ -61,7 +66,14 @@ class Asset:
     md5_head: str = ""  # md5 of the first 8 KiB when known (the official version detection table)
     unpack: str = ""  # for archives: the folder they are extracted to
     unpack_markers: tuple[str, ...] = ()  # files that prove an extracted archive is complete
-    source_url: str = ""  # a file outside the hub (the official repository's text tables), fetched as it is
+    source_path: str = ""  # a file on GitHub (raw.githubusercontent.com/<source_path>), fetched as it is
+    size: int = 0  # bytes, when pinned here (the GitHub files); 0: the hub says, or nobody
+    sha256: str = ""  # pinned sha256 (the GitHub files); hub files: the hub says
+
+    @property
+    def source_url(self) -> str:
+        """Where a GitHub file comes from, through ``SOVITS_STUDIO_GITHUB_MIRROR`` when set ("" for hub files)."""
+        return f"{github_raw()}/{self.source_path}" if self.source_path else ""
 
     @property
     def target(self) -> PurePosixPath:
@@ -86,6 +98,24 @@ class Asset:
 def hub_endpoint() -> str:
     """The hub the client talks to: ``HF_ENDPOINT`` (e.g. a mirror), else huggingface.co."""
     return (os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
+
+
+GITHUB_MIRROR_VARIABLE = "SOVITS_STUDIO_GITHUB_MIRROR"
+GITHUB_RAW = "https://raw.githubusercontent.com"
+
+
+def github_raw() -> str:
+    """Where the GitHub files come from: ``SOVITS_STUDIO_GITHUB_MIRROR`` (a base URL serving the same paths as
+    raw.githubusercontent.com, e.g. a mirror or a proxy), else raw.githubusercontent.com itself."""
+    return (os.environ.get(GITHUB_MIRROR_VARIABLE) or GITHUB_RAW).rstrip("/")
+
+
+def mirror_hint(asset: "Asset") -> str:
+    """The variable that points ``asset``'s downloads at a mirror, as a sentence."""
+    if asset.source_path:
+        return (f"set {GITHUB_MIRROR_VARIABLE} to a mirror of {GITHUB_RAW} (now {github_raw()}), or HTTPS_PROXY "
+                "to a proxy")
+    return f"set HF_ENDPOINT to a mirror of the Hugging Face hub (now {hub_endpoint()}), or HTTPS_PROXY to a proxy"
 
 
 def _lj(filename: str, what: str, md5: str = "") -> Asset:
@@ -118,11 +148,16 @@ G2PW = Asset(G2PW_REPO, "G2PWModel.zip", "GPT_SoVITS/text", "G2PW polyphone mode
              unpack="GPT_SoVITS/text/G2PWModel", unpack_markers=("POLYPHONIC_CHARS.txt",))
 OFFICIAL_REPO = "RVC-Boss/GPT-SoVITS"
 OFFICIAL_COMMIT = "48b1a0169a28582a8984402f82cf438d3bfa6aca"  # the official code we stay compatible with
-# G2PW's word corrections, which official chinese2.py applies after the model (not in the model archive)
+# G2PW's word corrections, which official chinese2.py applies after the model (not in the model archive):
+# (name, bytes, sha256) of the files at OFFICIAL_COMMIT
+G2PW_TABLES = (
+    ("polyphonic.rep", 1391, "a8f13e2004702cbbf01e2e3fe8436d9d620a0fe4d57176a844704619ffd5df5e"),
+    ("polyphonic-fix.rep", 1660967, "bbfac0e43e5b1db56566e5eb8b147f7e9b57175e07ffe6303195ee6563682f6b"),
+)
 G2PW_CORRECTIONS = tuple(
     Asset(OFFICIAL_REPO, name, "GPT_SoVITS/text/g2pw", f"G2PW correction dictionary {name} (official)",
-          source_url=f"https://raw.githubusercontent.com/{OFFICIAL_REPO}/{OFFICIAL_COMMIT}/GPT_SoVITS/text/g2pw/{name}")
-    for name in ("polyphonic.rep", "polyphonic-fix.rep"))
+          source_path=f"{OFFICIAL_REPO}/{OFFICIAL_COMMIT}/GPT_SoVITS/text/g2pw/{name}", size=size, sha256=sha)
+    for name, size, sha in G2PW_TABLES)
 
 
 def wants_g2pw(versions: Iterable[str]) -> bool:
@@ -131,8 +166,11 @@ def wants_g2pw(versions: Iterable[str]) -> bool:
 
 
 def assets_for(versions: Iterable[str], *, g2pw: bool | None = None) -> list[Asset]:
-    """Every file the given versions need (shared files once), in a stable order; ``g2pw`` None: with v2+."""
+    """Every file the given versions need (shared files once), in a stable order; ``g2pw`` None: with v2+.
+    No versions and ``g2pw`` True: G2PW alone (its model and correction tables)."""
     versions = list(versions)
+    if not versions and g2pw:
+        return [G2PW, *G2PW_CORRECTIONS]
     g2pw = wants_g2pw(versions) if g2pw is None else g2pw
     chosen: list[Asset] = [*HUBERT, *ROBERTA]
     for version in versions:
@@ -148,6 +186,8 @@ def assets_for(versions: Iterable[str], *, g2pw: bool | None = None) -> list[Ass
 
 
 def is_present(root: Path, asset: Asset) -> bool:
+    """Something is in the asset's place (a non-empty file, or the extracted folder with its markers); whether it
+    is the right thing is :func:`installed_problem`'s question."""
     path = Path(root) / asset.installed
     if asset.unpack:
         return path.is_dir() and all((path / m).is_file() for m in asset.unpack_markers)
@@ -155,19 +195,23 @@ def is_present(root: Path, asset: Asset) -> bool:
 
 
 def verify(root: Path, asset: Asset, expected_sha256: str = "", expected_size: int | None = None) -> None:
-    """Raise CheckpointError if a present file is not the official one (as far as we can tell)."""
+    """Raise CheckpointError if a present file is not the official one (as far as we can tell): its size and sha256
+    against the given ones (else the asset's pinned ones), the official md5 of its head."""
     path = Path(root) / asset.target
     if not path.is_file() or path.stat().st_size == 0:
         raise CheckpointError(f"{asset.what}: {path} is missing or empty")
     size = path.stat().st_size
+    expected_size = expected_size if expected_size is not None else (asset.size or None)
+    expected_sha256 = expected_sha256 or asset.sha256
+    source = "the official repository" if asset.source_path else "the hub"
     if expected_size is not None and size != expected_size:
-        raise CheckpointError(f"{asset.what}: {path} has {size} bytes, the hub says {expected_size}; "
+        raise CheckpointError(f"{asset.what}: {path} has {size} bytes, {source} says {expected_size}; "
                               f"delete it and download again")
     if asset.md5_head and (got := md5_head(path)) != asset.md5_head:
         raise CheckpointError(f"{asset.what}: {path} is not the official pretrained file (its first 8 KiB have "
                               f"md5 {got}, expected {asset.md5_head}); delete it and download again")
     if expected_sha256 and (digest := _sha256(path)) != expected_sha256:
-        raise CheckpointError(f"{asset.what}: {path} has sha256 {digest}, the hub says {expected_sha256}; "
+        raise CheckpointError(f"{asset.what}: {path} has sha256 {digest}, {source} says {expected_sha256}; "
                               f"delete it and download again")
 
 
@@ -179,16 +223,109 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+HEAD_PEEK = 64  # bytes read to tell a file's format
+ERROR_BODY_LIMIT = 64 << 10  # a JSON body this small that names an error is a server's answer, not a file
+G2PW_FILES = ("POLYPHONIC_CHARS.txt", "MONOPHONIC_CHARS.txt", "bopomofo_to_pinyin_wo_tune_dict.json",
+              "char_bopomofo_dict.json", "config.py", "g2pW.onnx")  # what the G2PW converter reads
+_ERROR_KEYS = {"error", "errors", "detail", "message", "code", "status", "statusCode"}
+
+
+def _error_body(path: Path, head: bytes) -> str:
+    """The message of a JSON error answer saved in the file's place ({"error": "Entry not found"}), else ""."""
+    if not head.lstrip().startswith(b"{") or path.stat().st_size > ERROR_BODY_LIMIT:
+        return ""
+    try:
+        body = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        return ""
+    if isinstance(body, dict) and body and ("error" in body or set(body) <= _ERROR_KEYS):
+        return str(body.get("error") or body.get("message") or body.get("detail") or body)[:200]
+    return ""
+
+
+def file_head_problem(path: Path) -> str:
+    """What is wrong with a fetched file for its kind ("" when it looks right): never an HTML page, a JSON error
+    answer or a Git LFS pointer; PyTorch files (.pth .ckpt .pt .bin) are a torch.save zip (whole: its central
+    directory at the end is there, so a cut-short download shows) or a pickle, zips are whole, JSON files parse,
+    ONNX files are protobuf, text tables are UTF-8."""
+    with open(path, "rb") as f:
+        head = f.read(HEAD_PEEK)
+    if head.startswith(b"version https://git-lfs"):
+        return "a Git LFS pointer, not the file itself"
+    if head.lstrip()[:15].lower().startswith((b"<!doctype", b"<html", b"<?xml", b"<head", b"<body")):
+        return "an HTML page (an error or login page), not the file"
+    if error := _error_body(path, head):
+        return f"a JSON error answer ({error}), not the file"
+    suffix = path.suffix.lower()
+    zipped = head[2:4] == b"\x03\x04"  # a zip (official my_save2 writes a 2-byte version tag over its "PK")
+    if suffix in (".pth", ".ckpt", ".pt", ".bin"):
+        if not (zipped or head[:1] == b"\x80"):
+            return "not a PyTorch file (neither a torch.save zip nor a pickle)"
+        if zipped and not zipfile.is_zipfile(path):
+            return "a truncated PyTorch file (its zip directory is missing: the download was cut short)"
+    if suffix == ".zip" and not (zipped and zipfile.is_zipfile(path)):
+        return "not a whole zip archive (truncated, or not a zip)"
+    if suffix == ".json":
+        try:
+            json.loads(path.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as e:
+            return f"not valid JSON ({e})"
+    if suffix == ".onnx" and head[:1] not in (b"\x08", b"\x0a", b"\x12", b"\x1a", b"\x22", b"\x3a"):
+        return "not an ONNX model"
+    if suffix in (".rep", ".txt"):
+        try:
+            path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError:
+            return "not a UTF-8 text table"
+    return ""
+
+
+def installed_problem(root: str | os.PathLike, asset: Asset, expected_size: int | None = None) -> str:
+    """What is wrong with an asset that :func:`is_present` finds ("" when it looks official): its size against
+    ``expected_size`` (the hub's) or its pinned one, its official md5 head, its head for its kind; an extracted
+    archive file by file."""
+    root = Path(root)
+    if asset.unpack:
+        folder = root / asset.installed
+        if lacking := [n for n in G2PW_FILES if not (folder / n).is_file() or not (folder / n).stat().st_size]:
+            return f"{asset.what}: {folder} lacks {', '.join(lacking)}; delete it and download again"
+        if problem := file_head_problem(folder / "g2pW.onnx"):
+            return f"{asset.what}: {folder / 'g2pW.onnx'} is {problem}; delete the folder and download again"
+        return ""
+    try:
+        verify(root, asset, expected_size=expected_size)
+    except CheckpointError as e:
+        return str(e)
+    if problem := file_head_problem(root / asset.target):
+        return f"{asset.what}: {root / asset.target} is {problem}; delete it and download again"
+    return ""
+
+
+def check(root: str | os.PathLike, assets: Sequence[Asset],
+          sizes: Mapping[Asset, int] | None = None) -> tuple[list[Asset], list[tuple[Asset, str]]]:
+    """Check of an installed tree: (missing assets, [(asset, problem)] for present but wrong ones). Every file is
+    checked by :func:`installed_problem`, with ``sizes`` (bytes the hub reports, see :func:`hub_sizes`) when given."""
+    missing, wrong = [], []
+    for a in assets:
+        if not is_present(root, a):
+            missing.append(a)
+        elif problem := installed_problem(root, a, (sizes or {}).get(a)):
+            wrong.append((a, problem))
+    return missing, wrong
+
+
 def missing_message(root: Path, missing: Sequence[Asset], reason: str = "",
                     check_command: str = "sovits-studio download --check",
                     revisions: Mapping[str, str] | None = None) -> str:
-    """What is missing, where to get it and exactly where to put it."""
+    """What is missing, where to get it, exactly where to put it, and the variable that points at a mirror."""
     lines = [f"{len(missing)} file(s) are missing{f' ({reason})' if reason else ''}:"]
     for a in missing:
         dest = (Path(root) / a.installed).resolve()
         url = a.url_at((revisions or {}).get(a.repo_id, "main"))
         how = f"unzip {url} there (one folder holding {', '.join(a.unpack_markers)})" if a.unpack else url
         lines.append(f"  {a.what}: {dest}\n      from {how}")
+    hints = dict.fromkeys(mirror_hint(a) for a in missing)
+    lines.append(f"Behind a firewall: {'; '.join(hints)}.")
     lines.append("Put each file at the path shown (the official GPT-SoVITS layout), then run "
                  f"`{check_command}` to verify.")
     return "\n".join(lines)
@@ -202,6 +339,7 @@ class DownloadReport:
     fetched: list[Asset] = field(default_factory=list)
     present: list[Asset] = field(default_factory=list)
     missing: list[Asset] = field(default_factory=list)
+    refetched: list[Asset] = field(default_factory=list)  # were present, failed the check, fetched again
 
 
 def _hub():
@@ -264,7 +402,7 @@ def _hub_checksum(hub, asset: Asset, revision: str) -> tuple[str, int | None]:
 
 def _unpack(zip_path: Path, dest: Path, asset: Asset) -> None:
     """Extract a zip into ``dest``; a single top folder (e.g. ``G2PWModel_1.1/``) becomes ``dest`` itself.
-    Members that would land outside ``dest`` are refused."""
+    Members that would land outside ``dest`` are refused; so is an archive whose files fail their checks."""
     staging = dest.with_name(dest.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
@@ -273,6 +411,9 @@ def _unpack(zip_path: Path, dest: Path, asset: Asset) -> None:
             for member in z.namelist():
                 if not (staging / member).resolve().is_relative_to(staging.resolve()):
                     raise CheckpointError(f"{asset.what}: archive member {member!r} points outside the folder")
+            if (bad := z.testzip()) is not None:
+                raise CheckpointError(f"{asset.what}: archive member {bad!r} is corrupt (CRC mismatch); "
+                                      "delete it and retry")
             z.extractall(staging)
         tops = [p for p in staging.iterdir() if not p.name.startswith("__MACOSX")]
         inner = tops[0] if len(tops) == 1 and tops[0].is_dir() else staging
@@ -281,7 +422,7 @@ def _unpack(zip_path: Path, dest: Path, asset: Asset) -> None:
             raise CheckpointError(f"{asset.what}: the archive lacks {', '.join(missing)}")
         shutil.rmtree(dest, ignore_errors=True)
         inner.rename(dest)
-    except zipfile.BadZipFile as e:
+    except (zipfile.BadZipFile, EOFError) as e:
         raise CheckpointError(f"{asset.what}: {zip_path} is not a valid zip ({e}); delete it and retry") from e
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -300,13 +441,28 @@ def _fetch_url(url: str, target: Path, timeout: float = 30.0) -> None:
     except urllib.error.HTTPError as e:  # the server answered: not a connection problem
         partial.unlink(missing_ok=True)
         raise DownloadError(f"fetching {url} failed: HTTP {e.code} {e.reason}") from e
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
     partial.replace(target)
 
 
+def _landed(root: Path, a: Asset, sha: str, size: int | None) -> None:
+    """The checks of a file that just landed (CheckpointError when it fails): size, sha256 and md5 head as
+    :func:`verify`, then its head for its kind."""
+    verify(root, a, sha, size)
+    if problem := file_head_problem(root / a.target):
+        raise CheckpointError(f"{a.what}: the download of {root / a.target} is {problem}")
+
+
 def _fetch_one(hub, root: Path, a: Asset, revision: str, verify_checksums: bool) -> None:
-    if a.source_url:
-        _fetch_url(a.source_url, root / a.target)
-        verify(root, a)
+    if a.source_path:
+        url = a.source_url
+        try:
+            _fetch_url(url, root / a.target)
+        except DownloadError as e:
+            raise DownloadError(f"{e}; {mirror_hint(a)}") from e
+        _landed(root, a, "", None)  # the pinned size and sha256
         return
     local_dir = root / a.folder
     local_dir.mkdir(parents=True, exist_ok=True)
@@ -315,11 +471,20 @@ def _fetch_one(hub, root: Path, a: Asset, revision: str, verify_checksums: bool)
     if got.resolve() != (root / a.target).resolve():  # a hub client that answers with a cache path
         (root / a.target).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(got, root / a.target)
-    sha, size = _hub_checksum(hub, a, revision) if verify_checksums else ("", None)
-    verify(root, a, sha, size)
+    sha, size = _hub_checksum(hub, a, revision)  # the size where the hub gives one, always
+    _landed(root, a, sha if verify_checksums else "", size)
     if a.unpack:
         _unpack(root / a.target, root / a.unpack, a)
         (root / a.target).unlink(missing_ok=True)
+        if problem := installed_problem(root, a):  # the extracted folder, file by file
+            raise CheckpointError(problem)
+
+
+def _remove(root: Path, a: Asset) -> None:
+    """Take a failed file (or extracted folder) out of its place, so it never passes for an installed one."""
+    (root / a.target).unlink(missing_ok=True)
+    if a.unpack:
+        shutil.rmtree(root / a.unpack, ignore_errors=True)
 
 
 Progress = Callable[[int, int, int, int], None]  # (files done, files to fetch, bytes done, bytes to fetch)
@@ -335,35 +500,48 @@ def download(
     check_command: str = "sovits-studio download --check",
     on_progress: Progress | None = None,
 ) -> DownloadReport:
-    """Fetch every asset not yet present under ``root``. Raises DownloadError listing what is still
-    missing (and where it goes) when the hub cannot be reached or a download is corrupt.
+    """Fetch every asset not yet in place under ``root``, and again every one in place that fails its check
+    (:func:`installed_problem`, with the hub's sizes when it answers). Every fetched file is checked as it lands
+    and removed when it fails. Raises DownloadError listing what is still missing (where it goes, and the
+    variable that points at a mirror) when a source cannot be reached or a download is corrupt.
 
     ``revisions``: repository -> branch, tag or commit (default main for each). ``on_progress`` hears the files
     and bytes fetched so far against the totals (sizes the hub reports; 0 when it does not say)."""
     root = Path(root)
     revisions = dict(revisions or {})
     report = DownloadReport()
+    present = [a for a in assets if is_present(root, a)]
+    unreachable = _hub_unreachable() if any(not a.source_path for a in assets) else ""
+    hub = _hub()
+    present_sizes = {a: size for a in present if not a.unpack and not a.source_path and not unreachable
+                     and (size := _hub_checksum(hub, a, revisions.get(a.repo_id, "main"))[1])}
     todo: list[Asset] = []
     for a in assets:
-        (report.present if is_present(root, a) else todo).append(a)
+        if a not in present:
+            todo.append(a)
+        elif problem := installed_problem(root, a, present_sizes.get(a)):
+            log(f"fetching again: {problem}")
+            _remove(root, a)
+            report.refetched.append(a)
+            todo.append(a)
+        else:
+            report.present.append(a)
     if not todo:
         log(f"all {len(assets)} file(s) are present under {root.resolve()}")
         return report
-    hub = _hub()
-    unreachable = _hub_unreachable()
-    if unreachable:
+    if unreachable and any(not a.source_path for a in todo):
         report.missing = todo
         raise DownloadError(missing_message(root, todo, f"the hub cannot be reached: {unreachable}", check_command,
                                             revisions), report)
     offline = ""
-    corrupt: list[str] = []
-    sizes = [0 if a.source_url else _hub_checksum(hub, a, revisions.get(a.repo_id, "main"))[1] or 0
+    failures: list[str] = []
+    sizes = [a.size if a.source_path else _hub_checksum(hub, a, revisions.get(a.repo_id, "main"))[1] or 0
              for a in todo] if on_progress else []
     done_bytes = 0
     if on_progress:
         on_progress(0, len(todo), 0, sum(sizes))
     for i, a in enumerate(todo, 1):
-        if offline:  # the hub is unreachable: list the rest without trying each
+        if offline:  # a source is unreachable: list the rest without trying each
             report.missing.append(a)
             continue
         revision = revisions.get(a.repo_id, "main")
@@ -375,90 +553,37 @@ def download(
                 done_bytes += sizes[i - 1]
                 on_progress(i, len(todo), done_bytes, sum(sizes))
         except CheckpointError as e:
-            (root / a.target).unlink(missing_ok=True)  # a corrupt file must not pass for a present one
+            _remove(root, a)  # a corrupt file must not pass for a present one
             report.missing.append(a)
-            corrupt.append(str(e))
+            failures.append(str(e))
             log(f"    removed a corrupt download: {e}")
-        except DownloadError:
-            raise
+        except DownloadError as e:
+            if not a.source_path:
+                raise
+            report.missing.append(a)  # a GitHub file refused: the hub's files may still come
+            failures.append(str(e))
+            log(f"    {e}")
         except Exception as e:  # noqa: BLE001 - classified just below
             if not _is_offline_error(e):
                 raise DownloadError(f"fetching {a.repo_id}/{a.filename} failed: {type(e).__name__}: {e}",
                                     report) from e
             report.missing.append(a)
-            offline = f"the hub cannot be reached: {type(e).__name__}"
+            offline = (f"{a.source_url} cannot be reached: {type(e).__name__}: {e}" if a.source_path
+                       else f"the hub cannot be reached: {type(e).__name__}")
     if report.missing:
-        raise DownloadError(missing_message(root, report.missing, offline or "; ".join(corrupt), check_command,
-                                            revisions), report)
+        raise DownloadError(missing_message(root, report.missing, "; ".join([*filter(None, [offline]), *failures]),
+                                            check_command, revisions), report)
     return report
 
 
-def file_head_problem(path: Path) -> str:
-    """What is wrong with the first bytes of a fetched file for its kind ("" when they look right): PyTorch files
-    (.pth .ckpt .pt .bin) start as a zip (``torch.save``) or a pickle, JSON files parse, ONNX files are protobuf
-    (not an HTML error page or a Git LFS pointer), text tables are UTF-8."""
-    with open(path, "rb") as f:
-        head = f.read(HEAD_PEEK)
-    if head.startswith(b"version https://git-lfs"):
-        return "a Git LFS pointer, not the file itself"
-    if head.lstrip()[:15].lower().startswith((b"<!doctype", b"<html")):
-        return "an HTML page (an error or login page), not the file"
-    suffix = path.suffix.lower()
-    if suffix in (".pth", ".ckpt", ".pt", ".bin") and not (head.startswith(b"PK\x03\x04") or head[:1] == b"\x80"):
-        return "not a PyTorch file (neither a torch.save zip nor a pickle)"
-    if suffix == ".json":
-        try:
-            json.loads(path.read_text(encoding="utf-8"))
-        except (ValueError, UnicodeDecodeError) as e:
-            return f"not valid JSON ({e})"
-    if suffix == ".onnx" and head[:1] not in (b"\x08", b"\x0a", b"\x12", b"\x1a", b"\x22", b"\x3a"):
-        return "not an ONNX model"
-    return ""
-
-
-HEAD_PEEK = 64  # bytes read to tell a file's format
-G2PW_FILES = ("POLYPHONIC_CHARS.txt", "MONOPHONIC_CHARS.txt", "bopomofo_to_pinyin_wo_tune_dict.json",
-              "char_bopomofo_dict.json", "config.py", "g2pW.onnx")  # what the G2PW converter reads
-
-
-def check(root: str | os.PathLike, assets: Sequence[Asset],
-          sizes: Mapping[Asset, int] | None = None) -> tuple[list[Asset], list[tuple[Asset, str]]]:
-    """Check of an installed tree: (missing assets, [(asset, problem)] for present but wrong ones). Every file is
-    checked by its head (the official md5 of the first 8 KiB where the official code keys on one, else its
-    format: :func:`file_head_problem`) and, with ``sizes`` (bytes the hub reports, see :func:`hub_sizes`), by its
-    size; the G2PW folder file by file."""
-    root = Path(root)
-    missing, wrong = [], []
-    for a in assets:
-        if not is_present(root, a):
-            missing.append(a)
-            continue
-        if a.unpack:
-            folder = root / a.installed
-            if lacking := [n for n in G2PW_FILES if not (folder / n).is_file() or not (folder / n).stat().st_size]:
-                wrong.append((a, f"{a.what}: {folder} lacks {', '.join(lacking)}; delete it and download again"))
-            elif problem := file_head_problem(folder / "g2pW.onnx"):
-                wrong.append((a, f"{a.what}: {folder / 'g2pW.onnx'} is {problem}; delete the folder and download "
-                                 "again"))
-            continue
-        try:
-            verify(root, a, expected_size=(sizes or {}).get(a))
-        except CheckpointError as e:
-            wrong.append((a, str(e)))
-            continue
-        if problem := file_head_problem(root / a.target):
-            wrong.append((a, f"{a.what}: {root / a.target} is {problem}; delete it and download again"))
-    return missing, wrong
-
-
 def hub_sizes(assets: Sequence[Asset], revisions: Mapping[str, str] | None = None) -> dict[Asset, int]:
-    """The sizes the hub reports for the (non-archive) assets; {} when the hub cannot be reached."""
+    """The sizes the hub reports for the (non-archive) hub assets; {} when the hub cannot be reached."""
     if _hub_unreachable():
         return {}
     hub = _hub()
     out = {}
     for a in assets:
-        if not a.unpack and not a.source_url and (
+        if not a.unpack and not a.source_path and (
                 size := _hub_checksum(hub, a, (revisions or {}).get(a.repo_id, "main"))[1]):
             out[a] = size
     return out

@@ -10,12 +10,15 @@ from engine.versions import VERSIONS
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--version", action="append", choices=(*VERSIONS, "all"), dest="versions",
-                        help="model version(s) to fetch (repeatable; default v2; 'all' for every version)")
+                        help="model version(s) to fetch (repeatable; default v2, or none with --g2pw; 'all' for "
+                             "every version)")
     parser.add_argument("--root", default=".",
                         help="the GPT-SoVITS root: files go to ROOT/GPT_SoVITS/pretrained_models/ (default: .)")
     parser.add_argument("--g2pw", action=argparse.BooleanOptionalAction, default=None,
                         help="the G2PW polyphone model for Mandarin (default: with any v2+ version, as the official "
-                             "frontend uses it; --no-g2pw skips it)")
+                             "frontend uses it; --g2pw without --version: G2PW alone; --no-g2pw skips it). Its "
+                             "correction tables come from GitHub: SOVITS_STUDIO_GITHUB_MIRROR names a mirror of "
+                             "raw.githubusercontent.com (HF_ENDPOINT one of the hub)")
     parser.add_argument("--revision", action="append", default=[], metavar="[REPO=]REV",
                         help="hub revision (branch, tag or commit) of one repository, e.g. "
                              "lj1995/GPT-SoVITS=<commit> (repeatable; a bare REV is the weights repository's; "
@@ -30,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from engine.loading.download import assets_for, check, check_command, download, missing_message
 
-    versions = args.versions or ["v2"]
+    versions = args.versions or ([] if args.g2pw else ["v2"])  # --g2pw alone: G2PW, not the v2 weights with it
     if "all" in versions:
         versions = list(VERSIONS)
     assets = assets_for(dict.fromkeys(versions), g2pw=args.g2pw)
@@ -48,13 +51,14 @@ def run(args: argparse.Namespace) -> int:
         if missing:
             print(missing_message(args.root, missing, check_command=command), file=sys.stderr)
         if not missing and not wrong:
-            print(f"all {len(assets)} file(s) for {', '.join(versions)} are present and look official")
+            print(f"all {len(assets)} file(s) for {', '.join(versions) or 'G2PW'} are present and look official")
         return 1 if missing or wrong else 0
     revisions = parse_revisions(args.revision)
     with _ProgressBar() as bar:
         report = download(args.root, assets, revisions=revisions, verify_checksums=not args.no_verify,
                           check_command=command, on_progress=bar.update)
-    print(f"done: {len(report.fetched)} fetched, {len(report.present)} already present")
+    again = f" ({len(report.refetched)} of them again: the copy there failed its check)" if report.refetched else ""
+    print(f"done: {len(report.fetched)} fetched{again}, {len(report.present)} already present")
     return 0
 
 

@@ -1,14 +1,18 @@
 """`sovits-studio download`: what each version needs, the official layout, resumption, verification,
 and the offline message. The hub is never contacted: `hf_hub_download` is replaced by a fake that
 writes files the way the real client does (``local_dir/filename``), or the real client runs with
-``HF_HUB_OFFLINE=1``."""
+``HF_HUB_OFFLINE=1``. The GitHub files come from an HTTP server on 127.0.0.1 named by the mirror variable."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
+import http.server
 import io
+import json
 import socket
+import threading
 import zipfile
 from pathlib import Path, PurePosixPath
 
@@ -21,18 +25,25 @@ from studio.cli import main as cli_main
 
 
 def _content(repo_id: str, filename: str) -> bytes:
-    return f"{repo_id}/{filename}\n".encode() * 3000  # > 8 KiB, distinct per file
+    """Bytes of the file's kind (torch files are a torch.save-like zip, JSON parses), > 8 KiB, distinct per file."""
+    text = f"{repo_id}/{filename}\n" * 3000
+    if filename.endswith((".pth", ".ckpt", ".pt", ".bin")):
+        return _zip({"archive/data.pkl": text.encode()})
+    if filename.endswith(".json"):
+        return json.dumps({"name": text}).encode()
+    return text.encode()
 
 
 class FakeHub:
     """Stands in for huggingface_hub: records calls, writes files where the real client does."""
 
     def __init__(self, monkeypatch, content=_content, fail_on: set[str] | None = None, error: Exception | None = None,
-                 sha: dict[str, str] | None = None):
+                 sha: dict[str, str] | None = None, sizes: dict[str, int] | None = None):
         import huggingface_hub
 
         self.calls: list[str] = []
         self.content, self.fail_on, self.error, self.sha = content, fail_on or set(), error, sha or {}
+        self.sizes = sizes or {}
         monkeypatch.setattr(huggingface_hub, "hf_hub_download", self.hf_hub_download)
         monkeypatch.setattr(huggingface_hub, "get_hf_file_metadata", self.get_hf_file_metadata)
         monkeypatch.setattr(dl, "_hub_unreachable", lambda: "")  # the fake hub is always there
@@ -48,7 +59,7 @@ class FakeHub:
 
     def get_hf_file_metadata(self, url, **_):
         name = url.split("/resolve/main/", 1)[1]
-        return type("Meta", (), {"etag": f'"{self.sha.get(name, "abc123")}"', "size": None})()
+        return type("Meta", (), {"etag": f'"{self.sha.get(name, "abc123")}"', "size": self.sizes.get(name)})()
 
 
 def _with_fake_md5(assets):
@@ -162,17 +173,30 @@ def _zip(members: dict[str, bytes]) -> bytes:
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as z:
         for name, data in members.items():
-            z.writestr(name, data)
+            z.writestr(zipfile.ZipInfo(name, date_time=(2024, 1, 1, 0, 0, 0)), data)  # the same bytes every time
     return buf.getvalue()
 
 
+G2PW_ARCHIVE = _zip({f"G2PWModel_1.1/{n}": (b"\x08y" if n.endswith(".onnx") else b"{}" if n.endswith(".json")
+                                              else b"x") for n in dl.G2PW_FILES})
+
+
 def test_g2pw_archive_is_unpacked_to_the_official_folder(tmp_path, monkeypatch) -> None:
-    archive = _zip({"G2PWModel_1.1/POLYPHONIC_CHARS.txt": b"x", "G2PWModel_1.1/g2pW.onnx": b"y"})
+    archive = G2PW_ARCHIVE
     FakeHub(monkeypatch, content=lambda repo, name: archive if name.endswith(".zip") else _content(repo, name))
     dl.download(tmp_path, [dl.G2PW], log=lambda _: None)
     folder = tmp_path / "GPT_SoVITS/text/G2PWModel"
     assert (folder / "POLYPHONIC_CHARS.txt").read_bytes() == b"x" and (folder / "g2pW.onnx").is_file()
+    assert dl.check(tmp_path, [dl.G2PW]) == ([], [])
     assert not (tmp_path / dl.G2PW.target).exists() and dl.is_present(tmp_path, dl.G2PW)
+
+
+def test_an_archive_without_every_g2pw_file_is_refused(tmp_path, monkeypatch) -> None:
+    archive = _zip({"G2PWModel_1.1/POLYPHONIC_CHARS.txt": b"x", "G2PWModel_1.1/g2pW.onnx": b"\x08y"})
+    FakeHub(monkeypatch, content=lambda repo, name: archive)
+    with pytest.raises(dl.DownloadError, match="lacks MONOPHONIC_CHARS.txt"):
+        dl.download(tmp_path, [dl.G2PW], log=lambda _: None)
+    assert not (tmp_path / dl.G2PW.installed).exists() and not (tmp_path / dl.G2PW.target).exists()
 
 
 def test_an_archive_escaping_its_folder_is_refused(tmp_path, monkeypatch) -> None:
@@ -204,13 +228,13 @@ def test_check_verifies_every_file_by_size_and_head(tmp_path) -> None:
     for a in assets:
         path = tmp_path / a.target
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(b"{}" if a.filename.endswith(".json") else b"PK\x03\x04" + b"\0" * 100)
+        path.write_bytes(b"{}" if a.filename.endswith(".json") else _zip({"archive/data.pkl": b"\0" * 100}))
     g2pw = tmp_path / dl.G2PW.installed
     g2pw.mkdir(parents=True)
     for name in dl.G2PW_FILES:
         (g2pw / name).write_bytes(b"\x08\x07" if name.endswith(".onnx") else b"x")
     (tmp_path / dl.G2PW.target).unlink()
-    plain = [a for a in assets if not a.unpack and not a.md5_head]
+    plain = [a for a in assets if not a.unpack and not a.md5_head and not a.source_path]
     sizes = {a: (tmp_path / a.target).stat().st_size for a in plain}  # as the hub reports them
     missing, wrong = dl.check(tmp_path, plain + [dl.G2PW], sizes)
     assert missing == [] and wrong == []
@@ -219,13 +243,14 @@ def test_check_verifies_every_file_by_size_and_head(tmp_path) -> None:
                                          "vocoder.pth"))
     (tmp_path / hubert.target).write_bytes(b"<!DOCTYPE html><html>rate limited</html>")
     (tmp_path / config.target).write_bytes(b"version https://git-lfs.github.com/spec/v1\n")
-    (tmp_path / vocoder.target).write_bytes(b"PK\x03\x04")  # cut short
+    whole = (tmp_path / vocoder.target).read_bytes()
+    (tmp_path / vocoder.target).write_bytes(whole[:40])  # cut short
     (g2pw / "char_bopomofo_dict.json").unlink()
     offline = dict(dl.check(tmp_path, plain + [dl.G2PW])[1])  # no sizes: the heads alone
     assert "HTML page" in offline[hubert] and "Git LFS pointer" in offline[config]
-    assert vocoder not in offline and "lacks char_bopomofo_dict.json" in offline[dl.G2PW]
+    assert "truncated PyTorch file" in offline[vocoder] and "lacks char_bopomofo_dict.json" in offline[dl.G2PW]
     online = dict(dl.check(tmp_path, plain + [dl.G2PW], sizes)[1])
-    assert "has 4 bytes, the hub says 104" in online[vocoder]
+    assert f"has 40 bytes, the hub says {len(whole)}" in online[vocoder]
 
 
 def test_cli_offline_with_the_real_hub_client(tmp_path, monkeypatch, capsys) -> None:
@@ -273,9 +298,14 @@ def test_revisions_per_repository_urls_through_hf_endpoint_and_progress(tmp_path
     import huggingface_hub
 
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", fetch)
-    monkeypatch.setattr(huggingface_hub, "get_hf_file_metadata",
-                        lambda url, **_: type("Meta", (), {"etag": '"x"', "size": 1000})())
+    def metadata(url, **_):  # the size of what the fake hub serves
+        repo, rest = url.split("/resolve/", 1)
+        size = len(_content("/".join(repo.split("/")[-2:]), rest.split("/", 1)[1]))
+        return type("Meta", (), {"etag": '"x"', "size": size})()
+
+    monkeypatch.setattr(huggingface_hub, "get_hf_file_metadata", metadata)
     assets = _with_fake_md5(dl.assets_for(["v3"], g2pw=False))
+    total = sum(len(_content(a.repo_id, a.filename)) for a in assets)
     progress, lines = [], []
     dl.download(tmp_path, assets, revisions={dl.WEIGHTS_REPO: "abc123"}, log=lines.append, verify_checksums=False,
                 on_progress=lambda *p: progress.append(p))
@@ -283,7 +313,7 @@ def test_revisions_per_repository_urls_through_hf_endpoint_and_progress(tmp_path
     assert any(line.startswith("[1/") and f"https://mirror.example/{dl.WEIGHTS_REPO}/resolve/abc123/" in line
                for line in lines)
     n = len(assets)
-    assert progress[0] == (0, n, 0, 1000 * n) and progress[-1] == (n, n, 1000 * n, 1000 * n)
+    assert progress[0] == (0, n, 0, total) and progress[-1] == (n, n, total, total)
     assert [p[0] for p in progress] == list(range(n + 1))
     assert dl.G2PW.url == "https://mirror.example/XXXXRT/GPT-SoVITS-Pretrained/resolve/main/G2PWModel.zip"
 
@@ -299,37 +329,171 @@ def test_cli_revision_flags(capsys) -> None:
         parse_revisions(["someone/else=main"])
 
 
-def test_g2pw_brings_the_official_correction_dictionary(tmp_path, monkeypatch) -> None:
-    """Official chinese2.py corrects G2PW's readings with polyphonic.rep / polyphonic-fix.rep (not in the model
-    archive): they come from the official repository at the pinned commit, into GPT_SoVITS/text/g2pw/, where
-    the engine's G2PW converter reads them."""
-    import urllib.request
+@contextlib.contextmanager
+def github_mirror(monkeypatch, files: dict[str, tuple[int, bytes]]):
+    """An HTTP server on 127.0.0.1 serving ``{url path: (status, body)}``, named by SOVITS_STUDIO_GITHUB_MIRROR;
+    yields the list of paths asked for."""
+    asked: list[str] = []
 
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the http.server name
+            asked.append(self.path)
+            status, body = files.get(self.path, (404, b"404: Not Found"))
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    for key in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv(dl.GITHUB_MIRROR_VARIABLE, f"http://127.0.0.1:{server.server_address[1]}/")
+    try:
+        yield asked
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _pinned(asset: dl.Asset, body: bytes) -> dl.Asset:
+    """The asset with ``body`` as its pinned content (the real tables are not in the test data)."""
+    return dataclasses.replace(asset, size=len(body), sha256=hashlib.sha256(body).hexdigest())
+
+
+def test_g2pw_brings_the_official_correction_tables_through_the_mirror(tmp_path, monkeypatch) -> None:
+    """Official chinese2.py corrects G2PW's readings with polyphonic.rep / polyphonic-fix.rep (not in the model
+    archive): they come from the official repository at the pinned commit (their pinned length and sha256), into
+    GPT_SoVITS/text/g2pw/ where the engine's G2PW converter reads them, through the GitHub mirror variable."""
     from engine.text.chinese.g2pw import correction_files
 
     assert set(dl.G2PW_CORRECTIONS) <= set(dl.assets_for(["v2"]))
     assert all(dl.OFFICIAL_COMMIT in a.url and a.url.startswith("https://raw.githubusercontent.com/")
-               for a in dl.G2PW_CORRECTIONS)
-    archive = _zip({"G2PWModel_1.1/POLYPHONIC_CHARS.txt": b"x", "G2PWModel_1.1/g2pW.onnx": b"y"})
+               and a.size > 1000 and len(a.sha256) == 64 for a in dl.G2PW_CORRECTIONS)
+    archive = G2PW_ARCHIVE
     FakeHub(monkeypatch, content=lambda repo, name: archive)
-    urls = []
-
-    def urlopen(url, timeout=None):
-        urls.append(url)
-        return io.BytesIO(f"{url.rsplit('/', 1)[1]}: ['hang2']\n".encode())
-
-    monkeypatch.setattr(urllib.request, "urlopen", urlopen)
-    dl.download(tmp_path, [dl.G2PW, *dl.G2PW_CORRECTIONS], log=lambda _: None)
-    assert urls == [a.url for a in dl.G2PW_CORRECTIONS]
+    bodies = {a: f"{a.filename}: ['hang2']\n".encode() for a in dl.G2PW_CORRECTIONS}
+    tables = [_pinned(a, body) for a, body in bodies.items()]
+    with github_mirror(monkeypatch, {f"/{a.source_path}": (200, body) for a, body in bodies.items()}) as asked:
+        assert all(a.url.startswith("http://127.0.0.1:") for a in tables)
+        dl.download(tmp_path, [dl.G2PW, *tables], log=lambda _: None)
+    assert asked == [f"/{a.source_path}" for a in tables]
     found = correction_files(tmp_path / "GPT_SoVITS/text/G2PWModel")
     assert [p.name for p in found] == ["polyphonic.rep", "polyphonic-fix.rep"]
+    assert [p.read_bytes() for p in found] == list(bodies.values())
 
-    def refused(url, timeout=None):
-        import urllib.error
 
-        raise urllib.error.HTTPError(url, 404, "Not Found", {}, None)
+@pytest.mark.parametrize("status, body, says", [
+    (200, b"polyphonic: ['hang2']\n", "has 22 bytes, the official repository says 1391"),  # cut short
+    (200, b"<!DOCTYPE html><html><body>Rate limited</body></html>", "bytes, the official repository says"),
+    (404, b"404: Not Found", "HTTP 404"),
+])
+def test_a_bad_correction_table_is_never_installed_and_the_failure_names_url_and_variable(
+        tmp_path, monkeypatch, status, body, says) -> None:
+    table = dl.G2PW_CORRECTIONS[0]  # the real pinned length and sha256
+    with github_mirror(monkeypatch, {f"/{table.source_path}": (status, body)}):
+        url = table.url
+        with pytest.raises(dl.DownloadError) as err:
+            dl.download(tmp_path, [table], log=lambda _: None)
+    msg = str(err.value)
+    assert says in msg and url in msg and dl.GITHUB_MIRROR_VARIABLE in msg
+    assert not (tmp_path / table.target).exists() and err.value.report.missing == [table]
 
-    (tmp_path / dl.G2PW_CORRECTIONS[0].target).unlink()
-    monkeypatch.setattr(urllib.request, "urlopen", refused)
-    with pytest.raises(dl.DownloadError, match="HTTP 404"):
-        dl.download(tmp_path, [dl.G2PW, *dl.G2PW_CORRECTIONS], log=lambda _: None)
+
+def test_an_unreachable_github_names_the_url_and_the_variable(tmp_path, monkeypatch) -> None:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv(dl.GITHUB_MIRROR_VARIABLE, f"http://127.0.0.1:{port}")
+    with pytest.raises(dl.DownloadError) as err:
+        dl.download(tmp_path, list(dl.G2PW_CORRECTIONS), log=lambda _: None)
+    msg = str(err.value)
+    assert all(a.url in msg for a in dl.G2PW_CORRECTIONS) and f"set {dl.GITHUB_MIRROR_VARIABLE}" in msg
+
+
+HTML = b"<!DOCTYPE html>\n<html><head><title>502 Bad Gateway</title></head></html>"
+
+
+@pytest.mark.parametrize("name, bad, says", [
+    ("chinese-hubert-base/pytorch_model.bin", HTML, "an HTML page"),
+    ("chinese-hubert-base/config.json", b'{"error": "Entry not found"}', "a JSON error answer (Entry not found)"),
+    ("s1v3.ckpt", b"", "truncated PyTorch file"),  # b"": the first 100 bytes of the real content
+    ("G2PWModel.zip", b"", "not a whole zip archive"),
+])
+def test_a_download_that_is_not_the_file_is_never_installed(tmp_path, monkeypatch, name, bad, says) -> None:
+    """An error page, a JSON error answer or a cut-short file that lands in a file's place is refused and removed;
+    the message names the file and what it is."""
+    archive = G2PW_ARCHIVE
+
+    def content(repo, filename):
+        good = archive if filename.endswith(".zip") else _content(repo, filename)
+        return (bad or good[:100]) if filename == name else good
+
+    hub = FakeHub(monkeypatch, content=content)
+    assets = [a for a in dl.assets_for(["v3"], g2pw=True) if not a.source_path and not a.md5_head]
+    asset = next(a for a in assets if a.filename == name)
+    with pytest.raises(dl.DownloadError) as err:
+        dl.download(tmp_path, assets, log=lambda _: None)
+    assert says in str(err.value) and str((tmp_path / asset.installed).resolve()) in str(err.value)
+    assert err.value.report.missing == [asset] and len(hub.calls) == len(assets)  # the others were fetched
+    assert not (tmp_path / asset.target).exists() and not dl.is_present(tmp_path, asset)
+    assert dl.check(tmp_path, [a for a in assets if a != asset]) == ([], [])
+
+
+def test_a_download_of_another_size_than_the_hub_says_is_refused(tmp_path, monkeypatch) -> None:
+    name = "chinese-hubert-base/pytorch_model.bin"
+    asset = next(a for a in dl.assets_for([]) if a.filename == name)
+    FakeHub(monkeypatch, sizes={name: len(_content(asset.repo_id, name)) + 1})
+    with pytest.raises(dl.DownloadError, match=r"bytes, the hub says"):
+        dl.download(tmp_path, [asset], log=lambda _: None, verify_checksums=False)  # the size even so
+    assert not (tmp_path / asset.target).exists()
+
+
+def test_a_rerun_fetches_again_what_fails_the_check_instead_of_skipping_it(tmp_path, monkeypatch) -> None:
+    """Files already in place are checked as fetched ones are (their heads, and their sizes when the hub says
+    them): a page saved in a file's place, a cut-short file or a half-unpacked G2PW folder is fetched again."""
+    archive = G2PW_ARCHIVE
+    assets = [a for a in dl.assets_for(["v3"], g2pw=True) if not a.source_path and not a.md5_head]
+    sizes = {a.filename: len(_content(a.repo_id, a.filename)) for a in assets if not a.unpack}
+    hub = FakeHub(monkeypatch, content=lambda r, n: archive if n.endswith(".zip") else _content(r, n), sizes=sizes)
+    dl.download(tmp_path, assets, log=lambda _: None)
+    page, cut, folder = (next(a for a in assets if a.filename == n)
+                         for n in ("chinese-hubert-base/config.json", "s1v3.ckpt", "G2PWModel.zip"))
+    (tmp_path / page.target).write_bytes(HTML)
+    good = (tmp_path / cut.target).read_bytes()
+    (tmp_path / cut.target).write_bytes(good[:-10])  # its size is not the hub's (and its zip directory is cut)
+    (tmp_path / folder.installed / "g2pW.onnx").unlink()
+    hub.calls.clear()
+    lines: list[str] = []
+    report = dl.download(tmp_path, assets, log=lines.append)
+    assert sorted(hub.calls) == sorted(f"{a.repo_id}/{a.filename}" for a in (page, cut, folder))
+    assert set(report.refetched) == {page, cut, folder} and len(report.present) == len(assets) - 3
+    assert (tmp_path / cut.target).read_bytes() == good and dl.check(tmp_path, assets) == ([], [])
+    assert any(line.startswith("fetching again") and f"{page.target}" in line for line in lines)
+
+
+def test_download_g2pw_alone_fetches_g2pw_and_not_the_v2_weights(tmp_path, monkeypatch, capsys) -> None:
+    """`download --g2pw` (the command the G2PW notice prints) brings G2PW, not the v2 weights with it."""
+    from engine.text.chinese import g2pw_fetch_command
+
+    fetched = []
+
+    def fake_download(root, assets, **kw):
+        fetched.extend(assets)
+        return dl.DownloadReport(fetched=list(assets))
+
+    monkeypatch.setattr(dl, "download", fake_download)
+    assert cli_main(g2pw_fetch_command(tmp_path).split()[1:]) == 0
+    assert fetched == [dl.G2PW, *dl.G2PW_CORRECTIONS]
+    fetched.clear()
+    assert cli_main(["download", "--version", "v2", "--g2pw", "--root", str(tmp_path)]) == 0
+    assert dl.G2PW in fetched and dl.ASSETS["v2"][1] in fetched  # with a version: the version and G2PW
+    capsys.readouterr()
+    assert cli_main(["download", "--g2pw", "--root", str(tmp_path), "--check", "--offline"]) == 1
+    err = capsys.readouterr().err
+    assert "3 file(s) are missing" in err and "s2G2333k" not in err
+    assert f"sovits-studio download --g2pw --root {tmp_path} --check" in err
