@@ -30,7 +30,19 @@ EXTRAS = {"gradio": "webui", "fastapi": "server", "starlette": "server", "uvicor
 def _usage() -> str:
     width = max(map(len, SUBCOMMANDS))
     rows = "\n".join(f"  {name:<{width}}  {help_text}" for name, (_, help_text) in SUBCOMMANDS.items())
-    return f"usage: sovits-studio COMMAND [options]\n\nGPT-SoVITS voice cloning engine.\n\ncommands:\n{rows}\n"
+    return (f"usage: sovits-studio COMMAND [options]\n       sovits-studio --version\n\nGPT-SoVITS voice cloning "
+            f"engine.\n\ncommands:\n{rows}\n")
+
+
+def version() -> str:
+    """The installed package's version (the one pyproject.toml gives)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("sovits-studio")
+    except PackageNotFoundError:
+        return "unknown (not installed: pip install -e . from the checkout)"
 
 
 def build_parser(name: str) -> argparse.ArgumentParser:
@@ -49,6 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
         return 0 if argv else 2
+    if argv[0] in ("-V", "--version"):
+        print(f"sovits-studio {version()}")
+        return 0
     name = argv[0]
     if name not in SUBCOMMANDS:
         print(f"sovits-studio: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
