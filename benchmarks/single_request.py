@@ -113,7 +113,7 @@ def median_of(runs: list[dict], key: str) -> float:
 
 
 def main() -> int:
-    from engine.benchmark import TEXTS
+    from studio.bench import TEXTS
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", default="v2ProPlus")
@@ -129,7 +129,7 @@ def main() -> int:
     p.add_argument("--json", default=None)
     args = p.parse_args()
 
-    from engine.benchmark import synthetic_reference
+    from studio.bench import synthetic_reference
     from engine.pipeline import Reference
     from engine.testweights import make_test_weights
 

@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.benchmark import REF_TEXT, BenchConfig, format_report, run_benchmark
+    from studio.bench import REF_TEXT, BenchConfig, format_report, run_benchmark
 
     tokens = args.tokens or (20 if args.tiny else 500)
     repeats = args.repeats or (1 if args.tiny else 3)

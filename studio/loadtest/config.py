@@ -12,7 +12,7 @@ from studio.loadtest.errors import LoadTestError
 if TYPE_CHECKING:
     from studio.loadtest.mix import MixWorkload
 
-# The bench's workload (engine.benchmark REF_TEXT and TEXTS["medium"]), so both report the same work.
+# The bench's workload (studio.bench REF_TEXT and TEXTS["medium"]), so both report the same work.
 REF_TEXT = "今天天气很好，我们一起去公园散步吧。"
 TEXT = "这是一个用于测试语音合成速度的句子。我们希望它听起来自然流畅，并且速度足够快。"
 ENDPOINTS = {"tts": "/tts", "speech": "/v1/audio/speech"}

@@ -275,7 +275,7 @@ def test_ci_size_openai_speech_load(tiny_server, capsys) -> None:
 
 
 def test_the_default_workload_is_the_bench_s() -> None:
-    from engine.benchmark import REF_TEXT, TEXTS
+    from studio.bench import REF_TEXT, TEXTS
     from studio import loadtest
 
     assert loadtest.TEXT == TEXTS["medium"] and loadtest.REF_TEXT == REF_TEXT

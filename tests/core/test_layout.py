@@ -19,6 +19,7 @@ LAYERS = {
     "studio.http": ("engine", "studio.http"),
     "studio.cluster": ("engine", "studio.http", "studio.cluster"),
     "studio.loadtest": ("engine", "studio.loadtest"),  # an HTTP client of any server: no server code
+    "studio.bench": ("engine", "studio.bench"),  # the `bench` workload: the library's user, not part of it
     "webui": ("engine", "studio.http", "webui"),
     "studio.cli": ("engine", "studio.http", "studio.cluster", "webui", "studio.cli", "studio"),
     "studio": ("studio",),
@@ -46,6 +47,13 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 def test_imports_point_down_the_layers() -> None:
     offenders = sorted(f"{a} imports {b}" for a, deps in graph().items() for b in deps
                        if not any(b == ok or b.startswith(ok + ".") for ok in LAYERS[_layer(a)]))
+    assert offenders == []
+
+
+def test_the_library_holds_no_front_door() -> None:
+    """The `bench` command's workload lives with the front doors (studio/bench.py), not in engine/."""
+    assert not (REPO / "engine" / "benchmark.py").exists() and (REPO / "studio" / "bench.py").is_file()
+    offenders = sorted(name for name in modules() if name.startswith("engine") and "bench" in name.split(".")[-1])
     assert offenders == []
 
 
