@@ -144,7 +144,8 @@ async def read_request(ctx: "ServerContext", request: Request) -> tuple[TTSReque
         return validate_model(TTSRequest, data), None, ()
     if is_form(request):
         return await _read_form(ctx, request)
-    return validate_model(TTSRequest, await read_json(request, ctx.limits.max_json_depth)), None, ()
+    body = await read_json(request, ctx.limits.max_json_depth, ctx.limits.max_json_items)
+    return validate_model(TTSRequest, body), None, ()
 
 
 async def _read_form(ctx: "ServerContext", request: Request) -> tuple[TTSRequest, bytes | None, tuple[bytes, ...]]:
@@ -242,7 +243,7 @@ async def control(ctx: "ServerContext", request: Request):
     command = request.query_params.get("command")
     if command is None and request.method == "POST":
         try:
-            body = await read_json(request, ctx.limits.max_json_depth)
+            body = await read_json(request, ctx.limits.max_json_depth, ctx.limits.max_json_items)
         except OptionsError:
             body = {}
         command = body.get("command")

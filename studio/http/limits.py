@@ -33,6 +33,8 @@ class ServerLimits:
     max_upload_bytes: int = 20 * MIB  # a whole request body (JSON or multipart with every clip): over it, 413;
     # checked against Content-Length first and again while reading, with no slack
     max_json_depth: int = 32  # nesting of a JSON body (objects and lists); deeper: 400
+    max_json_items: int = 100_000  # ',' and ':' in a JSON body, counted before it is parsed (a bound on its
+    # members and items: 1.5M keys held the interpreter lock 1.2 s while parsing); more: 400
     max_form_fields: int = 64  # multipart/urlencoded fields of one request
     max_header_line_bytes: int = 16 * 1024  # one header line (name and value); the request line likewise
     # (a longer request line: 414); over it: 431
@@ -64,7 +66,7 @@ class ServerLimits:
             if f.name in ("max_tokens_per_sentence", "max_queue") and value is None:
                 continue
             if f.type in ("int", "int | None"):
-                low = 1 if f.name in ("workers", "max_upload_bytes", "max_json_depth", "max_connections",
+                low = 1 if f.name in ("workers", "max_upload_bytes", "max_json_depth", "max_json_items", "max_connections",
                                       "max_pending_chunks", "max_tokens_per_sentence", "max_header_line_bytes",
                                       "max_connections_per_client",
                                       "max_header_bytes", "max_headers") else 0

@@ -97,7 +97,7 @@ async def speech(ctx: "ServerContext", request: Request) -> Response:
     """OpenAI ``audio.speech.create``: text in the voice of a saved profile."""
     ex = admit(ctx, request)
     ex.names = NAMES
-    body = await read_json(request, ctx.limits.max_json_depth)
+    body = await read_json(request, ctx.limits.max_json_depth, ctx.limits.max_json_items)
     job = await run_in_threadpool(build_speech_job, ctx, validate_model(SpeechRequest, body))  # file checks
     rate = PCM_RATE if job.media_type == "pcm" else None
     return await respond(ctx, request, ex, job, "/v1/audio/speech", encode_as=job.media_type, rate=rate)

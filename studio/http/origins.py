@@ -10,6 +10,8 @@ work is a web page in the user's browser driving it. Two browser tricks are refu
 - **Cross-site requests**: a page's ``fetch``/form/``<img>`` sends ``Origin`` (for non-GETs) and
   ``Sec-Fetch-Site`` (modern browsers, every request). A request whose Origin is not the Host it was sent to
   (or an allowed host), or whose Sec-Fetch-Site is ``cross-site``/``same-site``, is refused (403).
+  ``Origin: null`` is refused too: browsers send it from sandboxed frames, ``file:`` and ``data:`` pages and
+  after cross-site redirects, all pages this server did not serve.
 
 Clients that are not browsers (curl, the official api_v2 clients, gradio_client) send neither header, so the
 official GET routes that change state (``/set_gpt_weights``...) keep working for them.
@@ -54,7 +56,10 @@ def origin_refusal(headers: Mapping[bytes, bytes], allowed: Sequence[str] = ()) 
         return (f"host: {_hostname(host)[:100]!r} is not this server's address; without an API key only "
                 "requests to an IP address, localhost or an allowed host name are served (DNS rebinding)")
     origin = headers.get(b"origin", b"").decode("latin-1")
-    if origin and origin != "null":
+    if origin.strip().lower() == "null":  # an opaque origin: a sandboxed frame, a file: page, a redirect
+        return ("origin: 'null' (a sandboxed frame, a file: or data: page, or a redirect) is refused without an "
+                "API key; open the page this server serves, or start it with --api-key")
+    if origin:
         parts = urlsplit(origin)
         same = parts.netloc.lower() == host.lower()
         if not same and not (parts.hostname and _listed(parts.hostname.lower(), allowed)):

@@ -39,6 +39,13 @@ def test_origins_and_fetch_sites() -> None:
     assert origin_refusal({b"host": b"gradio.live.evil.example"}, allowed=(".gradio.live",)) is not None
 
 
+@pytest.mark.parametrize("origin", [b"null", b"NULL", b" null"])
+def test_an_opaque_origin_is_refused(origin) -> None:
+    # a sandboxed iframe, a file: page or a redirect sends `Origin: null`: 2f66d90 served it as a script
+    why = origin_refusal({b"host": b"127.0.0.1:9880", b"origin": origin})
+    assert why is not None and "null" in why and "--api-key" in why
+
+
 def test_the_server_refuses_a_web_page_without_a_key_and_lets_the_key_decide(tmp_path, refs) -> None:
     from studio.http.app import create_app
     from studio.http.limits import ServerLimits
@@ -56,6 +63,7 @@ def test_the_server_refuses_a_web_page_without_a_key_and_lets_the_key_decide(tmp
     assert asyncio.run(calls(app(), {})) == [200, 400]  # a script (no browser headers) keeps working
     assert asyncio.run(calls(app(), {"sec-fetch-site": "cross-site"})) == [403, 403]
     assert asyncio.run(calls(app(), {"host": "evil.example:9880"})) == [403, 403]
+    assert asyncio.run(calls(app(), {"origin": "null"})) == [403, 403]
     keyed = app(Access(api_keys=(KEY,)))
     assert asyncio.run(calls(keyed, {"sec-fetch-site": "cross-site", "x-api-key": KEY})) == [200, 400]
     assert asyncio.run(calls(keyed, {"sec-fetch-site": "cross-site"})) == [401, 401]
