@@ -134,8 +134,18 @@ class Exchange:
     client_gone: bool = False
     completed: bool = False  # the last byte of the answer was handed to the server
     job: JobControl | None = None
+    client: str = ""  # the client's address ("" when the server does not know it)
+    body_done: bool = False  # the whole request body has arrived (or the request has none)
     _release: Callable[[], None] | None = None
     _drained: asyncio.Event | None = None
+    _on_body: Callable[[], None] | None = None
+
+    def body_complete(self) -> None:
+        """The guard saw the last piece of the body: the request no longer counts as an upload under way."""
+        self.body_done = True
+        on_body, self._on_body = self._on_body, None
+        if on_body is not None:
+            on_body()
 
     def finish(self) -> None:
         """The request is over (answered, failed or abandoned): stop its work, free its admission."""
@@ -148,15 +158,20 @@ class Exchange:
 
 class Admission:
     """At most ``capacity`` synthesis requests at once (reading their body, queued, computing or
-    streaming): the next one gets BusyError before its body is read. :meth:`drain` (SIGTERM) refuses new
-    ones and answers those whose work has not started with DrainingError; running ones continue."""
+    streaming): the next one gets BusyError before its body is read. Of those, one client address may
+    have at most ``per_client_uploads`` whose body is still arriving: slow senders that reconnect cannot
+    take every place. :meth:`drain` (SIGTERM) refuses new ones and answers those whose work has not
+    started with DrainingError; running ones continue."""
 
-    def __init__(self, capacity: int | Callable[[], int], retry_after: float) -> None:
+    def __init__(self, capacity: int | Callable[[], int], retry_after: float, per_client_uploads: int | None = None
+                 ) -> None:
         self._capacity = capacity if callable(capacity) else (lambda: capacity)
         self.retry_after = retry_after
+        self.per_client_uploads = per_client_uploads  # None: no bound per client address
         self.draining = False
         self._lock = threading.Lock()
         self._active: set[Exchange] = set()
+        self._uploading: dict[str, set[Exchange]] = {}  # client address -> its admitted requests still sending
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
@@ -178,14 +193,36 @@ class Admission:
             if len(self._active) >= capacity:
                 raise BusyError(f"the server is busy ({capacity} synthesis requests in progress); "
                                 f"retry in a moment", retry_after=self.retry_after)
+            uploading = self._uploading.get(ex.client, set()) if not ex.body_done else None
+            if uploading is not None and self.per_client_uploads is not None \
+                    and len(uploading) >= self.per_client_uploads:
+                raise BusyError(f"this client address is already sending {len(uploading)} request bodies "
+                                f"(max_uploads_per_client); finish those first", retry_after=self.retry_after)
             self._active.add(ex)
+            if uploading is not None:
+                self._uploading.setdefault(ex.client, uploading).add(ex)
+                ex._on_body = lambda: self._uploaded(ex)
             self._loop = asyncio.get_running_loop()
         ex.job = JobControl(time.monotonic() + timeout_s)
         ex._drained = asyncio.Event()
         ex._release = lambda: self._leave(ex)
         return ex.job
 
+    def uploading(self, client: str) -> int:
+        """Admitted requests from ``client`` whose body is still arriving."""
+        with self._lock:
+            return len(self._uploading.get(client, ()))
+
+    def _uploaded(self, ex: Exchange) -> None:
+        with self._lock:
+            sending = self._uploading.get(ex.client)
+            if sending is not None:
+                sending.discard(ex)
+                if not sending:
+                    del self._uploading[ex.client]
+
     def _leave(self, ex: Exchange) -> None:
+        self._uploaded(ex)
         with self._lock:
             self._active.discard(ex)
 

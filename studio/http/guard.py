@@ -77,7 +77,7 @@ class Guard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        ex = Exchange(endpoint_label(local_path(scope)))
+        ex = Exchange(endpoint_label(local_path(scope)), client=str((scope.get("client") or ("",))[0] or ""))
         scope.setdefault("state", {})["exchange"] = ex
         status = {"code": 500, "started": False}
         try:
@@ -124,6 +124,8 @@ class Guard:
             await self._reject(send_, ex, scope, 413, f"request body: {int(length)} bytes; the limit is "
                                                       f"{limits.max_upload_bytes} (max_upload_bytes)")
             return
+        if not _has_body(headers):
+            ex.body_complete()
         receive_ = self._limited(receive, ex)
         try:
             await self.app(scope, receive_, send_)
@@ -173,6 +175,8 @@ class Guard:
                 seen["done"] = not message.get("more_body", False)
                 if seen["bytes"] > limits.max_upload_bytes:
                     raise BodyTooLarge()
+                if seen["done"]:
+                    ex.body_complete()
             return message
 
         return receive_
@@ -235,6 +239,12 @@ def header_refusal(scope, limits) -> tuple[int, str] | None:
     if total > limits.max_header_bytes:
         return 431, f"request headers: {total} bytes; the limit is {limits.max_header_bytes} (max_header_bytes)"
     return None
+
+
+def _has_body(headers: dict[bytes, bytes]) -> bool:
+    """Whether a body follows the head (h11's rule: a Content-Length above 0, or chunked transfer)."""
+    length = headers.get(b"content-length", b"0").strip()
+    return b"transfer-encoding" in headers or not length.isdigit() or int(length) > 0
 
 
 def _holds(exc: BaseException, kind: type) -> bool:

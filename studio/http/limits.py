@@ -29,6 +29,8 @@ class ServerLimits:
     # before their body is read. None: as many as the engine's schedulers hold (decoding slots, sized from free
     # device memory, + their waiting room), once the warm-up made them; DEFAULT_QUEUE until then
     retry_after_s: float = 1.0  # the Retry-After of a busy 503
+    max_uploads_per_client: int = 8  # admitted syntheses of one client address whose body is still arriving;
+    # more: 503 + Retry-After. Slow senders that reconnect (each bounded by body_timeout_s) took every place
     # ---- request bodies ----------------------------------------------------------------------
     max_upload_bytes: int = 20 * MIB  # a whole request body (JSON or multipart with every clip): over it, 413;
     # checked against Content-Length first and again while reading, with no slack
@@ -68,7 +70,7 @@ class ServerLimits:
             if f.type in ("int", "int | None"):
                 low = 1 if f.name in ("workers", "max_upload_bytes", "max_json_depth", "max_json_items", "max_connections",
                                       "max_pending_chunks", "max_tokens_per_sentence", "max_header_line_bytes",
-                                      "max_connections_per_client",
+                                      "max_connections_per_client", "max_uploads_per_client",
                                       "max_header_bytes", "max_headers") else 0
                 if not isinstance(value, int) or isinstance(value, bool) or value < low:
                     raise OptionsError(f"{f.name} must be an integer >= {low}, got {value!r}", field=f.name)

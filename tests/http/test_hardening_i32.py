@@ -51,3 +51,62 @@ def test_the_json_item_bound_is_a_limit_with_a_floor(tmp_path, refs) -> None:
     with pytest.raises(OptionsError, match="max_json_items"):
         bodies.parse_json(b'{"a": [1, 2, 3, 4]}', 32, max_items=3)
     assert bodies.parse_json(b'{"a": [1, 2, 3]}', 32, max_items=3) == {"a": [1, 2, 3]}
+
+
+# ---- 10: slow senders from one address ---------------------------------------------------------------------
+
+
+def _scope(client: tuple[str, int], body_length: int) -> dict:
+    return {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+            "path": "/tts", "raw_path": b"/tts", "root_path": "", "query_string": b"", "client": client,
+            "server": ("127.0.0.1", 9880),
+            "headers": [(b"host", b"127.0.0.1:9880"), (b"content-type", b"application/json"),
+                        (b"content-length", str(body_length).encode())]}
+
+
+def test_slow_senders_from_one_address_cannot_take_every_place(tmp_path, refs) -> None:
+    app = make_app(ScriptedStudio(tmp_path), refs, workers=1, max_queue=10)  # 11 places
+    body = json.dumps(tts_body()).encode()
+
+    async def main():
+        stop = asyncio.Event()
+        answers: list[list[dict]] = []
+
+        async def slow_sender(port: int) -> None:  # sends the first byte of its body, then nothing
+            sent: list[dict] = []
+            answers.append(sent)
+            pieces = iter([{"type": "http.request", "body": body[:1], "more_body": True}])
+
+            async def receive():
+                piece = next(pieces, None)
+                if piece is None:
+                    await stop.wait()
+                    return {"type": "http.disconnect"}
+                return piece
+
+            async def send(message):
+                sent.append(message)
+
+            await app(_scope(("10.0.0.1", port), len(body)), receive, send)
+
+        slow = [asyncio.create_task(slow_sender(40000 + i)) for i in range(12)]
+        for _ in range(200):  # until each slow sender holds a place or has its answer
+            await asyncio.sleep(0.01)
+            if app.state.context.admission.active + sum(1 for a in answers if a) == 12:
+                break
+        held = sum(1 for a in answers if not a)  # still sending, admitted
+        transport = httpx.ASGITransport(app=app, client=("10.0.0.2", 50000))
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:9880", timeout=30) as c:
+            normal = [(await c.post("/tts", content=body, headers={"content-type": "application/json"})).status_code
+                      for _ in range(3)]
+        stop.set()
+        await asyncio.gather(*slow)
+        refused = [a for a in answers if a and a[0]["type"] == "http.response.start" and a[0]["status"] == 503]
+        return held, normal, refused
+
+    held, normal, refused = asyncio.run(main())
+    assert normal == [200, 200, 200]  # 2f66d90: eleven slow senders held all eleven places: 503, 503, 503
+    assert held == 8  # max_uploads_per_client
+    assert len(refused) == 4
+    assert any(b"max_uploads_per_client" in m.get("body", b"") for a in refused for m in a)
+    assert all((b"retry-after", b"1") in a[0]["headers"] for a in refused)
