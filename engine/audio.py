@@ -162,7 +162,7 @@ def read_audio(
     if data.shape[0] == 0:
         raise ReferenceAudioError(f"audio {what} contains no samples (zero length)")
     if not np.isfinite(data).all():
-        raise ReferenceAudioError(f"audio {what} contains NaN or infinite samples; re-export it")
+        raise ReferenceAudioError(f"{what} contains NaN or infinite samples; re-export it")
     return Audio(np.ascontiguousarray(data.T), sr, max(frames, data.shape[0]))
 
 

@@ -38,6 +38,7 @@ from engine.errors import EngineError, OptionsError, ReferenceAudioError
 
 SV_SAMPLE_RATE = 16000
 FIT_MODES = ("error", "trim_pad")
+MAX_SAMPLE_PEAK = 64.0  # |sample| above this (+36 dBFS) is no audio at its declared scale (1e30 in a float WAV)
 
 
 # ---- typed errors ---------------------------------------------------------------------------
@@ -157,10 +158,23 @@ def _dbfs(rms: float) -> float:
 
 def _check_content(audio: np.ndarray, sr: int, rules: ReferenceRules, what: str) -> None:
     x = audio.astype(np.float64)
+    peak = float(np.max(np.abs(x)))
+    if peak > MAX_SAMPLE_PEAK:
+        raise ReferenceAudioError(
+            f"{what} holds samples of {peak:.3g}; audio samples lie within [-1, 1] (a float file may go a little "
+            f"beyond, at most {MAX_SAMPLE_PEAK:g}). The file is not audio at the scale it declares; re-export it"
+        )
     level = _dbfs(float(np.sqrt(np.mean(x * x))))
     if level < rules.silence_dbfs:
         raise SilentReferenceError(
             f"{what} is silent (RMS {level:.1f} dBFS, below {rules.silence_dbfs:g} dBFS); record or pick a clip with speech"
+        )
+    offset = float(np.mean(x))
+    sound = _dbfs(float(np.sqrt(np.mean((x - offset) ** 2))))  # what is left without the constant level
+    if sound < rules.silence_dbfs:
+        raise SilentReferenceError(
+            f"{what} is a constant level (DC offset {offset:.3f}) with no sound (RMS {sound:.1f} dBFS without the "
+            f"offset, below {rules.silence_dbfs:g} dBFS); record or pick a clip with speech"
         )
     frame = max(1, sr // 50)  # 20 ms frames
     n = x.shape[0] // frame
@@ -174,7 +188,6 @@ def _check_content(audio: np.ndarray, sr: int, rules: ReferenceRules, what: str)
                 f"{what} is nearly empty: only {active:.2f} s of audible sound (at least "
                 f"{rules.min_active_seconds:g} s needed); pick a clip with more speech"
             )
-    peak = float(np.max(np.abs(x)))
     if peak >= 0.99:
         clipped = float(np.count_nonzero(np.abs(x) >= 0.999 * peak)) / x.shape[0]
         if clipped > rules.max_clipped_fraction:

@@ -129,6 +129,34 @@ def test_nan_and_empty_arrays() -> None:
         check_reference(np.zeros(0, dtype=np.float32), SR)
 
 
+@pytest.mark.parametrize("case", ["spikes", "alternating", "negative"])
+def test_samples_far_outside_full_scale_are_refused_by_name(tmp_path: Path, case: str) -> None:
+    x = _speechlike(4.0)
+    if case == "spikes":  # a few 1e30 samples: on 2f66d90 read, then an inf spectrogram
+        x[::1000] = 1e30
+    elif case == "alternating":  # on 2f66d90 "clipped ... at the peak level 1000000015047466219876688855040.000"
+        x[::2], x[1::2] = 1e30, -1e30
+    else:
+        x[SR] = -1e30
+    path = tmp_path / "absurd.wav"
+    sf.write(path, x, SR, subtype="FLOAT")
+    with pytest.raises(ReferenceAudioError, match=r"samples of 1e\+30; audio samples lie within \[-1, 1\]") as e:
+        read_reference(path)
+    assert not isinstance(e.value, ClippedReferenceError)
+    check_reference(np.clip(_speechlike(4.0) * 1.8, -1.8, 1.8), SR, ReferenceRules(max_clipped_fraction=1.0))
+
+
+@pytest.mark.parametrize("offset, hiss", [(0.5, 0.0), (-0.25, 0.0), (0.5, 1e-5)])
+def test_a_constant_level_is_silence_whatever_its_offset(tmp_path: Path, offset: float, hiss: float) -> None:
+    x = (offset + hiss * np.random.default_rng(0).standard_normal(4 * SR)).astype(np.float32)
+    path = tmp_path / "dc.wav"
+    sf.write(path, x, SR, subtype="FLOAT")
+    with pytest.raises(SilentReferenceError, match="constant level") as e:  # 2f66d90 read it as a reference
+        read_reference(path)
+    assert f"{offset:.3f}" in str(e.value)
+    check_reference(_speechlike(4.0) * 0.5 + 0.3, SR)  # speech over an offset is still speech
+
+
 def test_stereo_is_mixed_down(tmp_path: Path) -> None:
     left, right = _speechlike(4.0, seed=1), _speechlike(4.0, seed=2) * 0.5
     path = tmp_path / "stereo.wav"
