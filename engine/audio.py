@@ -90,9 +90,21 @@ def audio_format(head: bytes) -> str | None:
     for offset, magic, name in _SIGNATURES:
         if head[offset:offset + len(magic)] == magic:
             return name
-    if len(head) >= 2 and head[0] == 0xFF and head[1] & 0xE0 == 0xE0:  # an MPEG audio frame sync
+    if _mpeg_frame_header(head):
         return "mp3"
     return None
+
+
+def _mpeg_frame_header(head: bytes) -> bool:
+    """An MPEG audio frame header as libsndfile recognises one without a file name: the frame sync, a defined
+    version, a defined layer, a bitrate index other than "bad" and a defined sample rate. (With a name ending
+    in .mp3 libsndfile would hand any other bytes to the MP3 decoder as well: the answer would depend on the
+    name; :func:`read_audio` never shows the decoder a name.)"""
+    if len(head) < 3 or head[0] != 0xFF or head[1] & 0xE0 != 0xE0:
+        return False
+    version, layer = (head[1] >> 3) & 0b11, (head[1] >> 1) & 0b11
+    bitrate, rate = head[2] >> 4, (head[2] >> 2) & 0b11
+    return version != 0b01 and layer != 0b00 and bitrate != 0b1111 and rate != 0b11
 
 
 def _check_signature(source, what: str) -> None:
@@ -137,7 +149,7 @@ def read_audio(
             raise ReferenceAudioError(f"audio file {what} is empty (0 bytes)")
     try:
         _check_signature(source, what)
-        with sf.SoundFile(source) as f:
+        with _opened(source) as stream, sf.SoundFile(stream) as f:  # the content decides, never the file name
             sr, frames, channels = int(f.samplerate), int(f.frames), int(f.channels)
             _check_header(what, sr, channels)
             limit = int(math.floor(max_seconds * sr))
@@ -164,6 +176,16 @@ def read_audio(
     if not np.isfinite(data).all():
         raise ReferenceAudioError(f"{what} contains NaN or infinite samples; re-export it")
     return Audio(np.ascontiguousarray(data.T), sr, max(frames, data.shape[0]))
+
+
+def _opened(source):
+    """A context with a binary file object of ``source``: a path is opened here (and closed after), so the
+    decoder sees the same bytes whether a clip comes as a path (of any name) or as an upload."""
+    import contextlib
+
+    if isinstance(source, (str, os.PathLike)):
+        return open(source, "rb")
+    return contextlib.nullcontext(source)
 
 
 def _check_header(what: str, sr: int, channels: int) -> None:

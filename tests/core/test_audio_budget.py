@@ -145,3 +145,50 @@ def test_a_wave_module_file_still_reads(tmp_path) -> None:
         w.writeframes((np.zeros((22050, 2)) + 1000).astype("<i2").tobytes())
     audio = read_audio(path)
     assert audio.samples.shape == (2, 22050) and audio.sample_rate == 22050
+
+
+# ---- issue 32 item 9: the same bytes get the same answer, whatever the file is called -------------------
+
+
+def _mp3(rate: int) -> bytes:
+    buf = io.BytesIO()
+    sf.write(buf, _tone(3.5, rate), rate, format="MP3", subtype="MPEG_LAYER_III")
+    return buf.getvalue()
+
+
+def _answer(source) -> str:
+    try:
+        audio = read_audio(source)
+    except ReferenceAudioError as e:
+        return "refused: " + str(e).split(": ", 1)[1].split(".")[0]
+    return f"read {audio.samples.shape} at {audio.sample_rate}"
+
+
+@pytest.mark.parametrize("case", ["mpeg1", "mpeg2", "mpeg2.5", "bad_first_header", "reserved_layer", "cut"])
+def test_an_mp3_without_id3_reads_the_same_from_any_name_and_from_bytes(tmp_path, case) -> None:
+    data = {"mpeg1": lambda: _mp3(32000), "mpeg2": lambda: _mp3(16000), "mpeg2.5": lambda: _mp3(8000),
+            # a frame sync with a "bad" bitrate, then a whole MP3: on 2f66d90 read from a .mp3 path (libsndfile
+            # tries the MP3 decoder on a .mp3 name) and refused as bytes (an upload) or under another name
+            "bad_first_header": lambda: b"\xff\xfb\xf0\x00" + _mp3(32000),
+            "reserved_layer": lambda: b"\xff\xf1\x50\x80" + _mp3(32000),  # an ADTS (AAC) header looks like a sync
+            "cut": lambda: _mp3(32000)[101:]}[case]()
+    assert data[:3] != b"ID3"
+    answers = {}
+    for name in ("clip.mp3", "clip.wav", "clip.bin", "clip"):
+        (tmp_path / name).write_bytes(data)
+        answers[name] = _answer(tmp_path / name)
+    answers["bytes"] = _answer(io.BytesIO(data))
+    assert len(set(answers.values())) == 1, answers
+    assert answers["bytes"].startswith("read" if case.startswith("mpeg") else "refused"), answers
+
+
+def test_the_page_and_the_api_agree_on_an_mp3_without_id3(tmp_path) -> None:
+    from engine.reference import ReferenceRules, read_reference
+    from webui.handlers import describe_reference
+
+    path = tmp_path / "voice.mp3"
+    path.write_bytes(b"\xff\xfb\xf0\x00" + _mp3(32000))
+    note = describe_reference(str(path), ReferenceRules())  # the page's answer to the upload
+    with pytest.raises(ReferenceAudioError):
+        read_reference(io.BytesIO(path.read_bytes()))  # what the API and every synthesis decode
+    assert note.startswith("⚠"), note  # 2f66d90: "3.50 s at 32000 Hz" on the page, 400 on serve
