@@ -42,7 +42,8 @@ def main() -> int:
 
     import engine.acoustic.streaming as streaming
     import tests.support.synth as sup
-    from engine.pipeline import Reference, VoiceCloner
+    from engine.cloner import VoiceCloner
+    from engine.reference import Reference
     from engine.reference_cache import ReferenceCache
 
     torch.set_num_threads(1)

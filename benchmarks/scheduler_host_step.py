@@ -29,7 +29,8 @@ def main() -> int:
 
     import tests.support.synth as sup
     from engine.options import EngineSettings, SynthesisOptions
-    from engine.pipeline import Reference, Studio
+    from engine.reference import Reference
+    from engine.studio import Studio
     from engine.serving.slots import SlotDecoder
 
     shared = sup.studio("v2")

@@ -53,7 +53,7 @@ def client_clip(index: int, seconds: float = 5.0, rate: int = 32000) -> bytes:
 
 def one_request(studio, i: int, n: int, stream: bool, tokens: int, clip: bytes, texts=TEXTS) -> dict:
     from engine.options import SynthesisOptions
-    from engine.pipeline import Reference
+    from engine.reference import Reference
 
     lang, text = texts[(i + n) % len(texts)]
     opts = SynthesisOptions(streaming_mode=stream, seed=1000 * i + n, early_stop_num=tokens)
@@ -178,7 +178,7 @@ def main() -> int:
     args = p.parse_args()
 
     from engine.options import EngineSettings
-    from engine.pipeline import Studio
+    from engine.studio import Studio
     from engine.readiness import Readiness
     from engine.testweights import make_test_weights
     from engine.warmup import WarmupSettings, warm_up

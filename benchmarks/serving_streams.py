@@ -30,7 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.loading.model_pool import MUTE_TOKEN, Models, WeightSet
 from engine.options import SynthesisOptions, resolve_plan
-from engine.pipeline import PreparedReference, VoiceCloner, _Sentence
+from engine.cloner import VoiceCloner, _Sentence
+from engine.reference import PreparedReference
 from engine.runtime import resolve_runtime
 from engine.serving.scheduler import Scheduler, SchedulerConfig
 from engine.t2s.decoding import StopRules

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def _studio(config: str, args, scheduler: bool):
     from engine.options import EngineSettings
-    from engine.pipeline import Studio
+    from engine.studio import Studio
     from engine.warmup import WarmupSettings, warm_up
 
     studio = Studio.from_config(config, device=args.device, precision=args.precision,
@@ -130,7 +130,7 @@ def main() -> int:
     args = p.parse_args()
 
     from studio.bench import synthetic_reference
-    from engine.pipeline import Reference
+    from engine.reference import Reference
     from engine.testweights import make_test_weights
 
     work = Path(tempfile.mkdtemp(prefix="single-request-"))

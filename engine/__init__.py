@@ -15,11 +15,11 @@ from typing import Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "Studio": "engine.pipeline",
-    "VoiceCloner": "engine.pipeline",
-    "Reference": "engine.pipeline",
-    "Result": "engine.pipeline",
-    "join": "engine.pipeline",
+    "Studio": "engine.studio",
+    "VoiceCloner": "engine.cloner",
+    "Reference": "engine.reference",
+    "Result": "engine.results",
+    "join": "engine.results",
     "SynthesisOptions": "engine.options",
     "EngineSettings": "engine.options",
     "load_config": "engine.config",

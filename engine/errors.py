@@ -1,8 +1,8 @@
 """Typed engine errors. Every message says what was wrong and what to do about it.
 
 An error about one input carries ``field``: the engine's own name for it, never a front door's
-parameter name. The names are the arguments of :meth:`engine.pipeline.VoiceCloner.__call__` and the
-fields of :class:`engine.pipeline.Reference` and :class:`engine.options.SynthesisOptions`:
+parameter name. The names are the arguments of :meth:`engine.cloner.VoiceCloner.__call__` and the
+fields of :class:`engine.reference.Reference` and :class:`engine.options.SynthesisOptions`:
 
 - ``text``, ``text_lang``: the text to speak and its language;
 - ``reference.audio``, ``reference.aux_audio[i]``: the main and the i-th auxiliary reference clip;

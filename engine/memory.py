@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 
 ORDER_REFERENCE_CACHE = 10
 ORDER_IDLE_MODELS = 20
-ORDER_SLOTS = 30  # idle schedulers' KV-cache pools (engine.pipeline.Studio registers the step)
+ORDER_SLOTS = 30  # idle schedulers' KV-cache pools (engine.studio.Studio registers the step)
 ORDER_OTHER = 50  # steps registered without an order
 RESTORE_MARGIN = 0.10  # undo steps once the reading is this far below the watermark
 UNIFIED = ("mps", "cpu")  # device types whose memory is the system's memory

@@ -304,3 +304,44 @@ def reference_features(clip: ReferenceClip, sovits: torch.nn.Module, ssl_model: 
         prompt_semantic=prompt_semantic(clip, ssl_model, sovits, sovits_sample_rate) if with_prompt else None,
         sv_embedding=embed_sv(audio32k) if needs_sv else None,
     )
+
+
+@dataclass(frozen=True)
+class Reference:
+    """The voice to clone: a clip (path or the file's bytes), its transcript and language.
+
+    An empty ``text`` means reference-free T2S (v1/v2/v2Pro* only). ``aux_audio`` are extra clips
+    whose style vectors are averaged with the main one (v1/v2/v2Pro*; ignored by v3/v4).
+    """
+
+    audio: str | os.PathLike | bytes
+    text: str = ""
+    language: str = ""
+    aux_audio: tuple[str | os.PathLike | bytes, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.audio, (str, os.PathLike, bytes)) or (isinstance(self.audio, str) and not self.audio):
+            raise ReferenceAudioError("a reference clip is required (a path or the file's bytes)",
+                                      field="reference.audio")
+        if not isinstance(self.text, str):
+            raise OptionsError(f"the transcript must be a string, got {type(self.text).__name__}",
+                               field="reference.text")
+        if self.text.strip() and not self.language:
+            raise OptionsError("the transcript's language is required when a transcript is given",
+                               field="reference.language")
+        if isinstance(self.aux_audio, (str, bytes)):
+            raise OptionsError("the auxiliary clips must be a list of clips, not a single one",
+                               field="reference.aux_audio")
+
+
+@dataclass(frozen=True)
+class PreparedReference:
+    """Everything a reference contributes to synthesis, on the model's device."""
+
+    specs: tuple[torch.Tensor, ...]  # (1, 1025, F) per clip, main first
+    sv: tuple[torch.Tensor, ...] | None  # (1, 20480) per clip (v2Pro*), else None
+    prompt_semantic: torch.Tensor | None  # (T,) int64; None when reference-free
+    prompt_phones: tuple[int, ...]  # phone ids of the transcript (empty when reference-free)
+    prompt_bert: torch.Tensor | None  # (bert width, P) float32
+    prompt_norm_text: str
+    voice_prompt: object | None = None  # engine.acoustic.cfm.VoicePrompt (v3/v4)

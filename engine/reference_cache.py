@@ -3,8 +3,8 @@
 The key is what the features depend on, never where they came from: the sha256 of the reference
 audio bytes (and of each auxiliary clip), the prompt text and language, and the identity of the
 model set. A path never is part of the key, so an edited file is a new entry and two users' clips
-never collide. The cache is owned by whoever builds it (a :class:`~engine.pipeline.Studio` or a
-single :class:`~engine.pipeline.VoiceCloner`); it is thread-safe, and concurrent requests for the
+never collide. The cache is owned by whoever builds it (a :class:`~engine.studio.Studio` or a
+single :class:`~engine.cloner.VoiceCloner`); it is thread-safe, and concurrent requests for the
 same key compute the value once.
 """
 

@@ -14,7 +14,7 @@ the second request on a CPU. :func:`warm_up` does that work before a server says
 * it reads a short text in every language code the version accepts through the text front end alone, so
   that no first request in a language loads its dictionaries while the server waits;
 * on CUDA, the decode-step graph of every batch bucket of every scheduler is captured at the end
-  (:meth:`engine.pipeline.Studio.capture_graphs`): a capture while requests run could be invalidated by
+  (:meth:`engine.studio.Studio.capture_graphs`): a capture while requests run could be invalidated by
   their device work, so serving never captures one.
 
 :class:`Readiness` is what ``/health`` reports: ``starting`` until the warm-up ends, then ``ready``
@@ -172,7 +172,7 @@ def _read_every_language(cloner, version: str) -> None:
 
 
 def _synthesize_once(studio, weights, clip: bytes, lang: str, options) -> None:
-    from engine.pipeline import Reference
+    from engine.reference import Reference
 
     reference = Reference(clip, REFERENCE_TEXT.get(lang, REFERENCE_TEXT["en"]), lang)
     results = studio.synthesize(WARMUP_TEXT.get(lang, WARMUP_TEXT["en"]), lang, reference, options,

@@ -69,9 +69,9 @@ class Bench:
     """What the stages share: the workload, the loaded models and the fixed T2S inputs."""
 
     cfg: BenchConfig
-    studio: Any  # engine.pipeline.Studio
+    studio: Any  # engine.studio.Studio
     models: Any  # its default model set
-    reference: Any  # engine.pipeline.Reference
+    reference: Any  # engine.reference.Reference
     clip: Any  # the reference clip as read
     item: Any  # T2SInput: 60 random phones with BERT features
     prompt: torch.Tensor  # 125 random prompt tokens
@@ -140,7 +140,8 @@ def load_bench(cfg: BenchConfig, work: Path) -> tuple[Bench, float]:
     """Weights (written into ``work`` unless ``cfg.config``), the Studio and the fixed inputs; and the
     seconds spent writing random weights."""
     from engine.options import EngineSettings
-    from engine.pipeline import Reference, Studio
+    from engine.reference import Reference
+    from engine.studio import Studio
     from engine.reference import read_reference
     from engine.t2s.decoding import SamplingParams, StopRules, T2SDecoder, T2SInput
     from engine.testweights import make_test_weights

@@ -1,4 +1,4 @@
-"""The page: ``build_ui(studio) -> gr.Blocks`` over an :class:`engine.pipeline.Studio`.
+"""The page: ``build_ui(studio) -> gr.Blocks`` over an :class:`engine.studio.Studio`.
 
 A thin layer, built part by part from the top of the page down: the header with the language
 switch, the model pickers, the missing-weights panel, the reference and text columns, the settings

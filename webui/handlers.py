@@ -117,7 +117,7 @@ def synthesize(studio, text: str, text_lang: str, reference, options, gpt: str |
 
 def make_reference(audio: str | None, text: str, language: str, aux: Sequence[Any] | None):
     """The engine's Reference from the page's fields (ReferenceAudioError when no clip was given)."""
-    from engine.pipeline import Reference
+    from engine.reference import Reference
 
     if not audio:
         raise ReferenceAudioError("no reference clip: upload or record 3-10 s of the voice to clone")

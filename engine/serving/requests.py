@@ -2,7 +2,7 @@
 of audio made for it, and the iterator of results its caller reads.
 
 Responsibilities: (1) hand the scheduler the request's next readable sentence, (2) turn the pieces
-the acoustic stage produces into :class:`engine.pipeline.Result` objects in order, for one consumer
+the acoustic stage produces into :class:`engine.results.Result` objects in order, for one consumer
 thread, and (3) cancel: closing the results iterator tells the scheduler, which frees the slot at
 its next step.
 """
@@ -25,7 +25,7 @@ class Piece:
     """One piece of a request's audio, in order."""
 
     audio: np.ndarray  # float32 (n,)
-    sentence: Any  # engine.pipeline._Sentence
+    sentence: Any  # engine.cloner._Sentence
     tokens: tuple[int, ...]
     kind: str  # "speech" or "silence"
     ends_sentence: bool

@@ -91,7 +91,7 @@ class SchedulerConfig:
 class Context:
     """What the scheduler needs of a request beyond its sentences (made by the VoiceCloner)."""
 
-    cloner: Any  # engine.pipeline.VoiceCloner
+    cloner: Any  # engine.cloner.VoiceCloner
     ref: Any  # PreparedReference
     options: Any  # SynthesisOptions
     plan: Any  # SynthesisPlan

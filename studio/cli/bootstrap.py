@@ -181,7 +181,7 @@ def build_studio(config, args: argparse.Namespace, reference_rules=None, **setti
     work as written are printed as warnings (``studio.config_notices``), and so is a v2+ Mandarin frontend
     without G2PW (``studio.g2pw_notice``, with the command that fetches it).
     """
-    from engine.pipeline import Studio
+    from engine.studio import Studio
 
     extra = {"reference_rules": reference_rules} if reference_rules is not None else {}
     studio = Studio.from_config(config, device=getattr(args, "device", None),

@@ -130,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
     import soundfile as sf
 
     from engine.audio_formats import to_pcm16
-    from engine.pipeline import Reference
+    from engine.reference import Reference
     from studio.cli.bootstrap import build_studio, load_engine_config, quiet_libraries, token_cap
 
     quiet_libraries(args.verbose)

@@ -1,4 +1,4 @@
-"""A synthesis replica: one engine (:class:`engine.pipeline.Studio`) serving the server's own FastAPI app
+"""A synthesis replica: one engine (:class:`engine.studio.Studio`) serving the server's own FastAPI app
 (:func:`studio.http.app.create_app`) to requests the gateway forwards.
 
 Responsibilities: (1) be ready before it takes traffic (load and warm its model sets first) and fail
@@ -51,7 +51,7 @@ class Synthesizer:
     async def __init__(self, config: "ClusterConfig", state: Any) -> None:
         from ray import serve
 
-        from engine.pipeline import Studio
+        from engine.studio import Studio
         from studio.http.app import create_app
 
         self.config = config

@@ -100,7 +100,7 @@ def _names(paths: int, ref_uploaded: bool, aux_uploaded: int) -> dict[str, str]:
 def build_job(ctx: "ServerContext", req: TTSRequest, ref_upload: bytes | None = None,
               aux_uploads: tuple[bytes, ...] = ()) -> TTSJob:
     """Check a request (all but what depends on the model) and turn it into a job."""
-    from engine.pipeline import Reference
+    from engine.reference import Reference
 
     if req.text in (None, "") or not req.text.strip():
         raise OptionsError("text is required (it is empty)", field="text")

@@ -1,7 +1,7 @@
 """The HTTP server: ``create_app(studio, settings) -> FastAPI``.
 
 Responsibilities: (1) wire the api_v2-compatible routes, the OpenAI-compatible speech route,
-``/metrics`` and ``/health`` to one :class:`engine.pipeline.Studio`, behind the guard
+``/metrics`` and ``/health`` to one :class:`engine.studio.Studio`, behind the guard
 (:mod:`studio.http.guard`: request ids, credentials, body limits, last-resort errors, counting);
 (2) own what a running server shares — the worker pool, the admission, the metrics, the voice
 profiles, the folder rules — in a :class:`ServerContext` made per app (no module globals: two apps in
@@ -21,7 +21,7 @@ from studio.http.context import ServerContext, ServerSettings, default_weight_ro
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
-    from engine.pipeline import Studio
+    from engine.studio import Studio
 
 
 def create_app(studio: "Studio", settings: ServerSettings = ServerSettings(),

@@ -18,7 +18,7 @@ from studio.http.auth import Access
 from studio.http.limits import ServerLimits
 
 if TYPE_CHECKING:
-    from engine.pipeline import Studio
+    from engine.studio import Studio
     from studio.http.exchange import Admission
 
 MIB = 1 << 20

@@ -61,7 +61,7 @@ NAMES = {"reference.audio": "voice", "reference.aux_audio": "voice", "reference.
 
 
 def build_speech_job(ctx: "ServerContext", req: SpeechRequest) -> TTSJob:
-    from engine.pipeline import Reference
+    from engine.reference import Reference
     from studio.http.profiles import check_name
 
     if ctx.profiles is None:

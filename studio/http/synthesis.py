@@ -26,7 +26,7 @@ from studio.http.exchange import (
 )
 
 if TYPE_CHECKING:
-    from engine.pipeline import Reference
+    from engine.reference import Reference
     from studio.http.context import ServerContext
 
 
@@ -113,7 +113,7 @@ def synthesize_whole(ctx: "ServerContext", job: TTSJob, control: JobControl, enc
     """The whole text, encoded: (file bytes, sample rate, seconds of audio). Stops between results when
     the request is cancelled or over its time limit, and when the audio passes ``max_audio_seconds``."""
     from engine.audio_formats import encode
-    from engine.pipeline import join
+    from engine.results import join
 
     limit = ctx.limits.max_audio_seconds
     results = _start(ctx, job, control)

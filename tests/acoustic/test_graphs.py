@@ -10,7 +10,8 @@ import torch
 
 import tests.support.synth as sup
 from engine.acoustic.graphs import GraphBank
-from engine.pipeline import Reference, VoiceCloner
+from engine.cloner import VoiceCloner
+from engine.reference import Reference
 from engine.reference_cache import ReferenceCache
 
 

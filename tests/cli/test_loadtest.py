@@ -222,7 +222,7 @@ def test_settings_that_would_not_end_or_make_no_sense_are_refused() -> None:
 
 @pytest.fixture(scope="module")
 def tiny_server(tmp_path_factory):
-    from engine.pipeline import Studio
+    from engine.studio import Studio
     from engine.testweights import make_test_weights
     from studio.http.app import create_app
     from studio.http.context import ServerSettings

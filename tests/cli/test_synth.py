@@ -15,7 +15,7 @@ from studio.cli import build_parser, main
 def shared_studio(monkeypatch):
     """Skip re-loading the models in every command: ``Studio.from_config`` returns the session's v2 studio
     (test_synth_writes_the_wav runs the real loading once)."""
-    from engine.pipeline import Studio
+    from engine.studio import Studio
 
     monkeypatch.setattr(Studio, "from_config", classmethod(lambda cls, config, **kwargs: sup.studio("v2")))
 
@@ -57,7 +57,7 @@ def test_synth_writes_the_wav(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "out.wav" in out and "seed 3" in out
     # the same command gives the same file (here through the session's studio: same weights)
-    from engine.pipeline import Studio
+    from engine.studio import Studio
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(Studio, "from_config", classmethod(lambda cls, config, **kwargs: sup.studio("v2")))
@@ -109,7 +109,7 @@ def test_missing_weights_point_to_download_and_test_weights(tmp_path, capsys):
 
 def test_super_sampling_widens_v3_to_48k_and_says_when_it_cannot(tmp_path, capsys, monkeypatch):
     from engine.acoustic import super_sampling
-    from engine.pipeline import Studio
+    from engine.studio import Studio
     from engine.testweights.ap_bwe import write_ap_bwe
 
     monkeypatch.setattr(Studio, "from_config", classmethod(lambda cls, config, **kwargs: sup.studio("v3")))

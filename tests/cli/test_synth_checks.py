@@ -23,7 +23,7 @@ class ModelsLoaded(Exception):
 @pytest.fixture()
 def no_models(monkeypatch):
     """Fail the command if it gets as far as building the engine; the keyword arguments it was built with."""
-    from engine.pipeline import Studio
+    from engine.studio import Studio
 
     seen: dict = {}
 
@@ -113,7 +113,7 @@ def test_the_fit_choices_are_the_engines():
 
 
 def test_ref_free_synthesises_without_a_transcript(tmp_path, monkeypatch):
-    from engine.pipeline import Studio
+    from engine.studio import Studio
 
     monkeypatch.setattr(Studio, "from_config", classmethod(lambda cls, config, **kwargs: sup.studio("v2")))
     argv = args_for(tmp_path, **{"--ref-text": None, "--ref-lang": None, "--ref-free": True}) + [

@@ -104,7 +104,7 @@ def bare_replica(weights, tmp_path, corrupt: bool):
     """A Synthesizer built as its async constructor builds it, minus Ray (a local ClusterState)."""
     import yaml
 
-    from engine.pipeline import Studio
+    from engine.studio import Studio
     from studio.cluster.config import ClusterConfig
     from studio.cluster.replica import Synthesizer
     from studio.cluster.routing import ModelSet

@@ -151,7 +151,9 @@ def test_streaming_chunks_rerun_on_the_cpu_when_the_device_lacks_an_operator(mon
 
     import tests.support.synth as sup
     from engine.options import EngineSettings, SynthesisOptions
-    from engine.pipeline import Reference, Studio, join
+    from engine.reference import Reference
+    from engine.results import join
+    from engine.studio import Studio
 
     shared = sup.studio("v2")
 

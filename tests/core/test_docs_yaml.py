@@ -47,7 +47,7 @@ def test_the_page_shows_device_precision_and_backend_per_stage(tmp_path) -> None
 
     import torch
 
-    from engine.pipeline import Studio
+    from engine.studio import Studio
     from engine.runtime import STAGES, Runtime
     from webui.app import stage_table
 

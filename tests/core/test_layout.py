@@ -76,3 +76,12 @@ def test_public_names_resolve_lazily() -> None:
 
     for name in engine.__all__:
         assert getattr(engine, name) is not None, name
+
+
+MAX_MODULE_LINES = 1000  # past this a module holds more than one job: split it by what each part does
+
+
+def test_no_module_grows_past_a_thousand_lines() -> None:
+    long = sorted(f"{p.relative_to(REPO).as_posix()}: {n} lines" for top in ("engine", "studio", "webui")
+                  for p in (REPO / top).rglob("*.py") if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES)
+    assert long == []

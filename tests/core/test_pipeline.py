@@ -27,7 +27,9 @@ from engine.errors import (
     UnsupportedLanguageError,
 )
 from engine.options import SynthesisOptions
-from engine.pipeline import Reference, Result, VoiceCloner, bucket_batches, join
+from engine.cloner import VoiceCloner, bucket_batches
+from engine.reference import Reference
+from engine.results import Result, join
 from engine.reference_cache import ReferenceCache
 from engine.t2s.decoding import T2SOutput
 
@@ -238,7 +240,7 @@ def test_concurrent_requests_match_sequential_ones():
 
 def test_memory_pressure_degrades_to_cpu():
     from engine.memory import MemoryReading
-    from engine.pipeline import Studio
+    from engine.studio import Studio
     from engine.runtime import Runtime
 
     shared = sup.studio("v2")
@@ -251,7 +253,7 @@ def test_memory_pressure_degrades_to_cpu():
 
 def test_memory_pressure_closes_idle_schedulers_and_the_next_request_makes_a_new_one():
     from engine.memory import MemoryReading
-    from engine.pipeline import Studio
+    from engine.studio import Studio
 
     shared = sup.studio("v2")
     pressure = [False]
@@ -402,7 +404,7 @@ def test_batch_is_voiced_in_one_decode_and_cut_at_token_boundaries():
     """Official TTS.run at speed 1: the batch's tokens and phones are concatenated, decoded once, and the
     waveform is cut back at len_i * 2 * prod(upsample_rates) samples."""
     from engine.options import resolve_plan
-    from engine.pipeline import _Sentence
+    from engine.cloner import _Sentence
 
     cloner = VoiceCloner(sup.studio("v2").cloner().models, ReferenceCache())
     m = cloner.models
@@ -525,7 +527,7 @@ def test_references_prepared_together_share_batches_and_get_their_features_alone
     speaker embedding alone (up to rounding)."""
     from engine.acoustic.hubert import ssl_features_groups
     from engine.batching import GroupRunner
-    from engine.pipeline import ReferenceBatches
+    from engine.cloner import ReferenceBatches
     from engine.reference import sv_embedding_groups
 
     models = sup.studio(version).cloner().models

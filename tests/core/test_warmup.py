@@ -10,7 +10,9 @@ import yaml
 from engine.config import load_config, parse_config
 from engine.loading.model_pool import WeightSet
 from engine.options import SynthesisOptions
-from engine.pipeline import Reference, Studio, join
+from engine.reference import Reference
+from engine.results import join
+from engine.studio import Studio
 from engine.runtime import resolve_runtime
 from engine.warmup import (
     Readiness,

@@ -59,7 +59,7 @@ def refs(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def studio(tree):
     from engine.config import load_config
-    from engine.pipeline import Studio
+    from engine.studio import Studio
 
     root, config = tree
     return Studio.from_config(load_config(config, base_dir=root))
@@ -84,7 +84,8 @@ def server(studio, tree, refs, tmp_path_factory):
 def direct(studio, text: str, ref, seed: int, gpt=None, sovits=None, prompt=PROMPT, **options) -> tuple[int, np.ndarray]:
     """What the pipeline gives for an api_v2 request with these values (cut5, the server's token cap)."""
     from engine.options import SynthesisOptions
-    from engine.pipeline import Reference, join
+    from engine.reference import Reference
+    from engine.results import join
 
     opts = SynthesisOptions(text_split_method=options.pop("text_split_method", "cut5"), seed=seed,
                             early_stop_num=MAX_TOKENS, **options)

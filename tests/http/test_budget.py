@@ -25,7 +25,7 @@ MIXED = ("Hello world 12 apples. 你好世界，今天是2024年。こんにち�
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     from engine.config import load_config
-    from engine.pipeline import Studio
+    from engine.studio import Studio
     from engine.testweights import LAYOUT, PRETRAINED, make_test_weights
     from studio.http.app import create_app
     from studio.http.context import ServerSettings

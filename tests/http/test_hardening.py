@@ -26,7 +26,7 @@ import soundfile as sf
 
 from engine.errors import BusyError
 from engine.options import EngineSettings, SynthesisOptions
-from engine.pipeline import Result
+from engine.results import Result
 from engine.reference import ReferenceRules
 from studio.http.app import create_app
 from studio.http.auth import Access

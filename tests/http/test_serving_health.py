@@ -19,7 +19,7 @@ import pytest
 
 import engine.serving.scheduler as scheduler_module
 from engine.options import EngineSettings
-from engine.pipeline import Studio
+from engine.studio import Studio
 from engine.readiness import Readiness
 from engine.warmup import WarmupSettings, warm_up_in_background
 from tests.serving.test_recovery import FakeGraphDecoder, _fail_once, hold_rebuild

@@ -12,7 +12,7 @@ import soundfile as sf
 
 from engine.acoustic.super_sampling import SuperSamplerStore
 from engine.options import SynthesisOptions
-from engine.pipeline import Result
+from engine.results import Result
 from engine.testweights.ap_bwe import write_ap_bwe
 from studio.http.exchange import JobControl
 from studio.http.limits import ServerLimits

@@ -138,7 +138,8 @@ def test_failed_load_leaves_the_pool_unchanged(files):
 
 def test_two_users_with_different_gpt_weights_never_get_each_others_model(tmp_path):
     from engine.options import SynthesisOptions
-    from engine.pipeline import Reference, join
+    from engine.reference import Reference
+    from engine.results import join
     from engine.testweights.t2s import write_t2s
 
     studio = sup.studio("v2")
@@ -182,11 +183,11 @@ def test_warm_up_at_load(version, caplog):
     import logging
 
     from engine.options import EngineSettings
-    from engine.pipeline import Studio
+    from engine.studio import Studio
 
     shared = sup.studio(version)
     studio = Studio(shared.default_weights, shared.runtime, EngineSettings(warmup=True), pool=shared.pool)
-    with caplog.at_level(logging.INFO, logger="engine.pipeline"):
+    with caplog.at_level(logging.INFO, logger="engine.studio"):
         studio.cloner()
         studio.cloner()
     assert caplog.text.count("warmed up") == 1  # once per model set
@@ -196,7 +197,9 @@ def test_fast_t2s_decoder_through_the_pipeline():
     """EngineSettings(t2s_decoder="fast") runs FastT2S (here without CUDA graphs; streaming keeps the reference
     loop); seeded runs repeat."""
     from engine.options import EngineSettings, SynthesisOptions
-    from engine.pipeline import Reference, Studio, join
+    from engine.reference import Reference
+    from engine.results import join
+    from engine.studio import Studio
 
     shared = sup.studio("v2")
     studio = Studio(shared.default_weights, shared.runtime, EngineSettings(t2s_decoder="fast"))
@@ -216,7 +219,8 @@ def test_coreml_vocoder_request_falls_back_to_torch_off_macos(caplog):
     from dataclasses import replace
 
     from engine.options import SynthesisOptions
-    from engine.pipeline import Reference, Studio
+    from engine.reference import Reference
+    from engine.studio import Studio
 
     shared = sup.studio("v4")
     weights = replace(shared.default_weights, vocoder_backend="coreml", vocoder_package="/nonexistent.mlpackage")

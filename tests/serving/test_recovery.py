@@ -18,7 +18,9 @@ import engine.serving.scheduler as scheduler_module
 import tests.support.synth as sup
 from engine.errors import BusyError
 from engine.options import EngineSettings, SynthesisOptions
-from engine.pipeline import Reference, Studio, join
+from engine.reference import Reference
+from engine.results import join
+from engine.studio import Studio
 from engine.readiness import Readiness
 from engine.serving.scheduler import StepFailedError
 from engine.serving.slots import SlotDecoder
@@ -252,7 +254,7 @@ def test_a_bucket_without_a_graph_runs_eagerly_and_is_captured_when_quiet(fake_g
 def test_reference_preparation_runs_on_the_engine_lane_not_the_request_thread() -> None:
     from concurrent.futures import ThreadPoolExecutor
 
-    from engine.pipeline import VoiceCloner
+    from engine.cloner import VoiceCloner
     from engine.reference_cache import ReferenceCache
 
     studio = _studio(scheduler_slots=2)

@@ -13,7 +13,10 @@ import torch
 import tests.support.synth as sup
 from engine.errors import BusyError
 from engine.options import EngineSettings, SynthesisOptions
-from engine.pipeline import Reference, Studio, VoiceCloner, join
+from engine.cloner import VoiceCloner
+from engine.reference import Reference
+from engine.results import join
+from engine.studio import Studio
 from engine.reference_cache import ReferenceCache
 from engine.serving.sampling import RowParams, race_noise, sample_rows
 from engine.t2s.decoding import SamplingParams, filter_logits, penalize_repeats

@@ -14,7 +14,9 @@ import pytest
 
 import tests.support.synth as sup
 from engine.options import EngineSettings, SynthesisOptions
-from engine.pipeline import Reference, Studio, join
+from engine.reference import Reference
+from engine.results import join
+from engine.studio import Studio
 from engine.runtime import DeviceFallback
 from engine.serving.scheduler import StepFailedError
 from engine.serving.slots import SlotDecoder

@@ -47,7 +47,7 @@ def studio(version: str):
     """A shared Studio over the tiny ``version`` set (CPU, fp32). Tests must not change its settings."""
     from engine.config import load_config
     from engine.loading.model_pool import WeightSet
-    from engine.pipeline import Studio
+    from engine.studio import Studio
     from engine.runtime import resolve_runtime
 
     config = model_config(version)

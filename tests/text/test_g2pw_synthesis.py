@@ -13,7 +13,8 @@ import pytest
 
 import tests.support.synth as sup
 from engine.options import EngineSettings, SynthesisOptions
-from engine.pipeline import Reference, Studio
+from engine.reference import Reference
+from engine.studio import Studio
 from engine.text import chinese
 from engine.text.chinese.g2pw import G2PWConverter, G2PWTables, correction_files, read_corrections
 from engine.text.symbols import cleaned_text_to_sequence

@@ -37,7 +37,7 @@ sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not 
 @pytest.fixture(scope="module")
 def url():
     from engine.config import load_config
-    from engine.pipeline import Studio
+    from engine.studio import Studio
     from studio.http.context import ServerSettings
     from studio.http.limits import ServerLimits
     from webui.app import UISettings

@@ -25,7 +25,7 @@ LONG_TEXT = " ".join(f"This is sentence number {n}." for n in range(1, SENTENCES
 @pytest.fixture(scope="module")
 def url():
     from engine.config import load_config
-    from engine.pipeline import Studio
+    from engine.studio import Studio
     from studio.http.context import ServerSettings
     from studio.http.limits import ServerLimits
     from webui.app import UISettings

@@ -44,7 +44,7 @@ def sets():
 
 @pytest.fixture(scope="module")
 def studio(sets):
-    from engine.pipeline import Studio
+    from engine.studio import Studio
 
     return Studio.from_config(sets["v2"][0], device="cpu", precision="fp32")
 
@@ -169,7 +169,8 @@ def test_no_reference_clip_is_a_readable_error() -> None:
 
 
 def test_synthesis_streams_chunks_then_the_whole_clip(studio) -> None:
-    from engine.pipeline import Reference, join
+    from engine.reference import Reference
+    from engine.results import join
 
     progress: list[tuple[int, int]] = []
     chunks = _run(studio, "Hello there. Nice to meet you!", text_split_method="cut5", batch_size=1,
@@ -336,7 +337,7 @@ def test_missing_weights_are_listed_and_the_download_explains_itself_offline(tmp
 
 def test_the_page_builds_with_missing_weights(tmp_path) -> None:
     from engine.config import load_config
-    from engine.pipeline import Studio
+    from engine.studio import Studio
     from webui.app import build_ui
 
     config = load_config(REPO / "configs" / "tts_infer.yaml", base_dir=tmp_path)
@@ -419,7 +420,7 @@ def test_without_the_webui_extra_the_command_says_what_to_install(tmp_path) -> N
 
 def test_v3_super_sampling_widens_the_whole_clip_once(tmp_path) -> None:
     from engine.acoustic.super_sampling import SuperSamplerStore
-    from engine.pipeline import Result
+    from engine.results import Result
     from engine.testweights.ap_bwe import write_ap_bwe
     from webui import handlers
 
@@ -443,7 +444,7 @@ def test_make_test_weights_prints_the_webui_command_and_caps_its_sentences(tmp_p
     import shlex
 
     from engine.config import load_config
-    from engine.pipeline import Studio
+    from engine.studio import Studio
     from studio.cli import main
     from webui.app import UISettings, build_ui
 

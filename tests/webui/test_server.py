@@ -62,7 +62,7 @@ def _weights(version: str):
 
 def _app(config_path, auth=None, workers=1, max_queue=32):
     from engine.config import load_config
-    from engine.pipeline import Studio
+    from engine.studio import Studio
     from studio.http.context import ServerSettings
     from studio.http.limits import ServerLimits
     from webui.app import UISettings

@@ -1,0 +1,319 @@
+"""One running engine: what every request shares, and who owns it.
+
+:class:`Studio` responsibilities: (1) owns the model pool, the reference cache, the memory guard,
+the device gate and one serving scheduler per live model set (bounded, oldest first), (2) serves
+requests that each name their own weights (never a global model swap) through a
+:class:`~engine.cloner.VoiceCloner`, degrading to the CPU or waiting when memory is short.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import weakref
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+from engine.cloner import ProgressCallback, ReferenceBatches, VoiceCloner
+from engine.loading.model_pool import ModelPool, Models, WeightSet
+from engine.memory import (
+    ORDER_IDLE_MODELS,
+    ORDER_REFERENCE_CACHE,
+    ORDER_SLOTS,
+    DegradeStep,
+    MemoryGuard,
+    MemoryReader,
+    system_memory_reader,
+)
+from engine.options import EngineSettings, SynthesisOptions
+from engine.readiness import Readiness
+from engine.reference import PreparedReference, Reference, ReferenceRules
+from engine.reference_cache import ReferenceCache
+from engine.results import Result
+from engine.runtime import DeviceFallback, Runtime, resolve_runtime
+from engine.t2s.decoding import SamplingParams, StopRules, T2SDecoder, T2SInput
+
+log = logging.getLogger(__name__)
+
+MAX_SCHEDULERS = 4  # model sets with a live scheduler (each holds a KV-cache pool)
+REFERENCE_THREADS = 2  # engine threads that prepare references on an accelerator
+
+
+# ---- the engine -----------------------------------------------------------------------------
+
+
+class Studio:
+    """One running engine: a model pool, a reference cache and a memory guard, shared by all requests.
+
+    Responsibilities: (1) owns the bounded caches and the watermark policy, (2) builds a
+    :class:`VoiceCloner` for the weights each request names (default: the configured ones).
+    """
+
+    def __init__(self, weights: WeightSet, runtime: Runtime, settings: EngineSettings = EngineSettings(),
+                 reference_rules: ReferenceRules = ReferenceRules(), pool: ModelPool | None = None,
+                 memory_reader: MemoryReader = system_memory_reader) -> None:
+        self.settings = settings
+        self.runtime = runtime
+        self.reference_rules = reference_rules
+        self.pool = pool if pool is not None else ModelPool(settings.model_pool_bytes, settings.weight_roots,
+                                                            t2s_decoder=settings.t2s_decoder)
+        self.references: ReferenceCache[PreparedReference] = ReferenceCache(
+            settings.reference_cache_entries, settings.reference_cache_bytes)
+        self.memory = MemoryGuard(settings, memory_reader, steps=(
+            DegradeStep("reference cache", self.references.shrink, ORDER_REFERENCE_CACHE),
+            DegradeStep("idle models", self._evict_idle_models, ORDER_IDLE_MODELS),
+            DegradeStep("idle schedulers", self._close_idle_schedulers, ORDER_SLOTS)))
+        self.fallback = DeviceFallback()  # MPS: a stage whose operator is missing reruns on the CPU
+        self.config_notices: tuple[str, ...] = ()  # set by from_config: settings that cannot work as written
+        self.readiness = Readiness(ready=True)  # a server's warm-up replaces it (engine.warmup); /health reads it
+        self._default_models: Callable[[], Models | None] = lambda: None  # weak: the default set, once loaded
+        self._defaults = weights
+        self.device_notice = ""  # set by from_config when the config's device was not available
+        self.g2pw_notice = ""  # set by from_config when v2+ Mandarin runs without G2PW (says how to fetch it)
+        self.g2pw_fix: tuple[str, str] = ("", "")  # (why G2PW is not used, the command that fetches it)
+        self._lock = threading.Lock()
+        self._warmed: set[str] = set()
+        self._schedulers: dict[str, object] = {}  # Models.id -> engine.serving.Scheduler (insertion order)
+        from engine.serving.gate import DeviceGate
+
+        self.gate = DeviceGate()  # device work of every scheduler and cloner vs CUDA graph captures
+        # reference preparation on an accelerator runs on these threads (started on demand), not on the
+        # request threads: few threads hold device handles, however many clients there are
+        self._lane = ThreadPoolExecutor(max_workers=REFERENCE_THREADS, thread_name_prefix="reference")
+        # concurrent requests' new reference clips meet in one HuBERT batch and one speaker-model batch on CUDA,
+        # on a thread of its own (one set of device handles); a lone clip runs at once, alone
+        self._batch_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reference-batch")
+        self._reference_batches = ReferenceBatches.make(self._batch_executor)
+        self._events: dict[str, int] = {}  # serving events for /metrics (rebuilds, graphs captured...)
+
+    @classmethod
+    def from_config(cls, config, device: str | None = None, precision: str | None = None,
+                    settings: EngineSettings = EngineSettings(), vocoder_backend: str | None = None,
+                    **kwargs) -> "Studio":
+        """From a ``tts_infer.yaml`` path or ``InferConfig``; ``device``/``precision``/``vocoder_backend``
+        (torch or coreml, for every version) override its sections."""
+        from engine.config import InferConfig, load_config
+        from engine.runtime import runtime_for_config
+
+        cfg = config if isinstance(config, InferConfig) else load_config(config)
+        active = cfg.active
+        runtime, notice = runtime_for_config(active.device, active.is_half, device, precision,
+                                             precision=active.precision or None,
+                                             stage_precisions=dict(active.stage_precisions))
+        studio = cls(WeightSet.from_config(cfg).with_vocoder_backend(vocoder_backend), runtime, settings, **kwargs)
+        studio.device_notice = notice
+        if active.version != "v1":  # the official v1 frontend never uses G2PW
+            from engine.text.chinese import (
+                g2pw_fetch_command,
+                g2pw_notice,
+                g2pw_problem,
+            )
+
+            if problem := g2pw_problem(studio.default_weights.g2pw_folder()):
+                studio.g2pw_notice = g2pw_notice(problem, cfg.base_dir)
+                studio.g2pw_fix = (problem, g2pw_fetch_command(cfg.base_dir))
+        studio.config_notices = tuple(cfg.problems())
+        for problem in studio.config_notices:
+            log.warning("config %s: %s", cfg.source, problem)
+        return studio
+
+    @property
+    def default_weights(self) -> WeightSet:
+        return self._defaults
+
+    def set_default_weights(self, gpt: str | os.PathLike | None = None,
+                            sovits: str | os.PathLike | None = None) -> Models:
+        """Change the weights used by requests that name none (api_v2 ``set_*_weights``); loads them first,
+        so a bad path changes nothing. Requests already running keep their models."""
+        weights = self._defaults.replace(gpt=gpt, sovits=sovits)
+        models = self.pool.models(weights, self.runtime)
+        with self._lock:
+            self._defaults = weights
+        return models
+
+    def stage_plan(self) -> list[tuple[str, str, str, str]]:
+        """(stage, device, precision, backend) of each network as this engine runs it now: the runtime's choice,
+        the CPU (float32) for stages the device fallback moved, and the vocoder backend per version."""
+        from engine.runtime import PRECISIONS, STAGES
+        from engine.versions import VERSIONS
+
+        names = {v: k for k, v in PRECISIONS.items()}
+        moved = self.fallback.cpu_stages
+        coreml = [v for v in VERSIONS if (b := self._defaults.backend(v))[0] == "coreml" and b[1]]
+        rows = []
+        for stage in STAGES:
+            device, precision = str(self.runtime.device), names[self.runtime.dtype_for(stage)]
+            if stage in moved:
+                device, precision = "cpu (operator missing on " + moved[stage].device + ")", "fp32"
+            backend = "torch"
+            if stage in ("vocoder", "sovits") and coreml:
+                relevant = [v for v in coreml if (v in ("v3", "v4")) == (stage == "vocoder")]
+                backend = f"coreml ({', '.join(relevant)}), else torch" if relevant else "torch"
+            rows.append((stage, device, precision, backend))
+        return rows
+
+    def cloner(self, gpt: str | os.PathLike | None = None, sovits: str | os.PathLike | None = None,
+               runtime: Runtime | None = None) -> VoiceCloner:
+        """A VoiceCloner for these weights (defaults where None), loading them if needed."""
+        weights = self._defaults.replace(gpt=gpt, sovits=sovits)
+        models = self.pool.models(weights, runtime or self.runtime)
+        if weights == self._defaults:
+            self._default_models = weakref.ref(models)
+        cloner = VoiceCloner(models, self.references, self.reference_rules, self.settings.max_text_chars,
+                             scheduler=self.scheduler(models) if self.settings.scheduler else None,
+                             fallback=self.fallback, reopen=lambda: self.scheduler(models), gate=self.gate,
+                             conv_backend=self.settings.conv_backend,
+                             lane=self._lane if models.device.type != "cpu" else None,
+                             batches=self._reference_batches if models.device.type == "cuda" else None)
+        if self.settings.warmup:
+            with self._lock:
+                first = models.id not in self._warmed
+                self._warmed.add(models.id)
+            if first:
+                # the official flow's FastT2S graph is captured only when that flow serves (no scheduler); with
+                # the device to itself, since other requests may be running
+                with self.gate.capture():
+                    warm_up_models(models, capture=not self.settings.scheduler)
+        return cloner
+
+    def _count(self, event: str, n: int = 1) -> None:
+        """A serving event (from a scheduler); graph captures are told apart by when they happened."""
+        if event in ("graphs_captured", "acoustic_graphs_captured"):
+            event = f"{event}_{'serving' if self.readiness.status == 'ready' else 'warmup'}"
+        with self._lock:
+            self._events[event] = self._events.get(event, 0) + n
+
+    def serving_events(self) -> dict[str, int]:
+        """Counts of scheduler rebuilds, acoustic failures and graph captures (decode step / acoustic, warm-up /
+        serving)."""
+        with self._lock:
+            return dict(self._events)
+
+    @property
+    def serving_state(self) -> str:
+        """"ok"; "degraded" while a scheduler rebuilds its decoding state after a failed step; "failed" when
+        one could not (the device is unusable: restart)."""
+        with self._lock:
+            states = {sched.state for sched in self._schedulers.values()}
+        return "failed" if "failed" in states else "degraded" if "rebuilding" in states else "ok"
+
+    def capture_graphs(self, timeout: float | None = None) -> int:
+        """Capture every scheduler's decode-step graphs now (warm-up, before a server is ready); the number
+        captured. Afterwards no request waits for, or risks, a capture."""
+        with self._lock:
+            schedulers = list(self._schedulers.values())
+        return sum(sched.capture_graphs(timeout) for sched in schedulers)
+
+    def capacity(self) -> int:
+        """Requests the engine can hold at once (decoding slots + waiting room of every live scheduler); 0
+        before a scheduler exists."""
+        with self._lock:
+            schedulers = list(self._schedulers.values())
+        return sum(sched.slots + sched.config.queue for sched in schedulers)
+
+    def _close_idle_schedulers(self) -> int:
+        """Degrade step: close the schedulers no request is using, releasing their KV-cache pools; bytes
+        released. The next request on a model set makes a new one, sized from the memory free then."""
+        with self._lock:
+            idle = [(key, sched) for key, sched in self._schedulers.items() if sched.idle]
+            for key, _ in idle:
+                del self._schedulers[key]
+        for _, sched in idle:
+            sched.close()
+        return sum(sched.kv_bytes for _, sched in idle)
+
+    def _evict_idle_models(self) -> int:
+        """Degrade step: drop every pooled network but those of the default weights; bytes released."""
+        return self.pool.evict_except(self._default_models())
+
+    def synthesize(self, text: str, text_lang: str, reference: Reference,
+                   options: SynthesisOptions = SynthesisOptions(), gpt: str | os.PathLike | None = None,
+                   sovits: str | os.PathLike | None = None,
+                   on_progress: ProgressCallback | None = None) -> Iterator[Result]:
+        """Admit the request under the memory watermark, then run it; validation errors come before any
+        result. The returned iterator frees its per-request state when exhausted or closed."""
+        admission = self.memory.admit(str(self.runtime.device))
+        runtime = self.runtime if admission.device == str(self.runtime.device) else resolve_runtime("cpu", "fp32")
+        cloner = self.cloner(gpt, sovits, runtime)
+        results = cloner(text, text_lang, reference, options, on_progress)
+        return results if cloner.scheduler is not None else _freeing(results, runtime)
+
+    def scheduler(self, models: Models):
+        """The scheduler that runs every request on ``models`` (made on first use, one per model set)."""
+        from engine.serving.scheduler import Scheduler, SchedulerConfig
+
+        with self._lock:
+            sched = self._schedulers.get(models.id)
+            if sched is None or sched.models.t2s is not models.t2s:  # reloaded weights: a new scheduler
+                s = self.settings
+                sched = Scheduler(models, SchedulerConfig(slots=s.scheduler_slots, queue=s.scheduler_queue,
+                                                          context=s.scheduler_context, conv_backend=s.conv_backend,
+                                                          acoustic_buckets=s.acoustic_buckets,
+                                                          acoustic_graphs=s.acoustic_graphs),
+                                  gate=self.gate, on_event=self._count, fallback=self.fallback)
+                old = self._schedulers.pop(models.id, None)
+                if old is not None:
+                    old.close()
+                self._schedulers[models.id] = sched
+                while len(self._schedulers) > MAX_SCHEDULERS:  # oldest model set first
+                    self._schedulers.pop(next(iter(self._schedulers))).close()
+            return sched
+
+    def drain(self, reason: str = "the server is shutting down; retry in a moment") -> int:
+        """Shutdown has begun: every scheduler fails its queued requests (no audio made yet) with
+        BusyError(reason); requests already decoding finish. The server stops admitting on its side (this
+        Studio may serve other front doors, e.g. the page beside the API). Returns the number failed."""
+        with self._lock:
+            schedulers = list(self._schedulers.values())
+        return sum(sched.drain(reason) for sched in schedulers)
+
+    def load(self) -> dict[str, int]:
+        """The schedulers' load summed: ``queued`` requests (not started), ``decoding`` rows, ``slots``."""
+        with self._lock:
+            schedulers = list(self._schedulers.values())
+        total = {"slots": 0, "decoding": 0, "queued": 0}
+        for sched in schedulers:
+            load = sched.load
+            for key in total:
+                total[key] += load[key]
+        return total
+
+    def close(self) -> None:
+        """Stop the schedulers (their running requests end with an error) and the reference threads."""
+        with self._lock:
+            schedulers, self._schedulers = list(self._schedulers.values()), {}
+        for sched in schedulers:
+            sched.close()
+        self._lane.shutdown(wait=False, cancel_futures=True)
+        self._batch_executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _freeing(results: Iterator[Result], runtime: Runtime) -> Iterator[Result]:
+    try:
+        yield from results
+    finally:
+        if runtime.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+@torch.no_grad()
+def warm_up_models(models: Models, capture: bool = True) -> None:
+    """Run each network once on tiny inputs (first-call kernel selection, allocator growth); ``capture``:
+    also capture FastT2S's decode-step graph of the common shape (the official flow's)."""
+    dev = models.device
+    if capture and models.t2s_fast is not None:
+        models.t2s_fast.warm_up()
+    decoder = T2SDecoder(models.t2s, generator=torch.Generator(device=dev).manual_seed(0))
+    phones = torch.zeros(8, dtype=torch.long, device=dev)
+    width = models.t2s.bert_proj.in_features
+    out = decoder.decode_naive(T2SInput(phones, torch.zeros(width, 8, device=dev)),
+                               torch.zeros(8, dtype=torch.long, device=dev), SamplingParams(),
+                               StopRules(early_stop_num=4, min_steps=0))
+    if not models.uses_vocoder:
+        spec = torch.zeros(1, 1025, 32, device=dev, dtype=next(models.sovits.parameters()).dtype)
+        sv = [torch.zeros(1, models.sovits.dims.sv_dim, device=dev)] if models.sv is not None else None
+        models.sovits.decode(out.tokens.view(1, 1, -1), phones.unsqueeze(0), [spec], sv_emb=sv)
+    log.info("warmed up %s", models.id)
