@@ -19,7 +19,8 @@ from typing import BinaryIO
 import numpy as np
 import torch
 
-from engine.errors import ReferenceAudioError
+from engine.decode_budget import DecodeBudget, process_decode_budget
+from engine.errors import BusyError, ReferenceAudioError
 
 MIN_SAMPLE_RATE = 8000  # below this a file cannot carry the 0-8 kHz band HuBERT expects
 MAX_SAMPLE_RATE = 384000
@@ -124,6 +125,7 @@ def read_audio(
     max_seconds: float = DEFAULT_MAX_SECONDS,
     truncate: bool = False,
     max_decode_s: float = DEFAULT_DECODE_SECONDS,
+    budget: DecodeBudget | None = None,
 ) -> Audio:
     """Decode a wav/flac/ogg/mp3 to float32 (channels, n), within a budget.
 
@@ -133,7 +135,9 @@ def read_audio(
     :data:`MAX_DECODED_SAMPLES` samples to decode. Files longer than ``max_seconds`` are refused (memory
     stays bounded), or, with ``truncate=True``, only their first ``max_seconds`` are decoded. Decoding
     runs in blocks and stops after ``max_decode_s`` seconds. Raises ReferenceAudioError for all of these
-    and for unreadable, empty or NaN/inf-filled files.
+    and for unreadable, empty or NaN/inf-filled files. The decoded array's bytes are reserved in ``budget``
+    (default: the process's, :func:`engine.decode_budget.process_decode_budget`) before it is allocated, for
+    the length of the read: DecodeBudgetError (busy, retry later) when other reads hold the room.
     """
     import soundfile as sf
 
@@ -164,18 +168,20 @@ def read_audio(
                     f"{what} would decode to {n * channels} samples ({channels} channels at {sr} Hz); at most "
                     f"{MAX_DECODED_SAMPLES} are read. Export a mono or stereo clip of a few seconds."
                 )
-            data = _read_blocks(f, n, channels, max_decode_s, what)  # (n, channels)
-    except ReferenceAudioError:
+            budget = budget if budget is not None else process_decode_budget()
+            with budget.reserve(n * channels * 4, what):  # the float32 array below, before it exists
+                data = _read_blocks(f, n, channels, max_decode_s, what)  # (channels, n)
+    except (ReferenceAudioError, BusyError):
         raise
     except (sf.LibsndfileError, RuntimeError, TypeError, ValueError, OSError, EOFError) as e:
         raise ReferenceAudioError(
             f"cannot read audio from {what}: {_reason(e)}. Use a wav, flac, ogg or mp3 file."
         ) from e
-    if data.shape[0] == 0:
+    if data.shape[1] == 0:
         raise ReferenceAudioError(f"audio {what} contains no samples (zero length)")
     if not np.isfinite(data).all():
         raise ReferenceAudioError(f"{what} contains NaN or infinite samples; re-export it")
-    return Audio(np.ascontiguousarray(data.T), sr, max(frames, data.shape[0]))
+    return Audio(data, sr, max(frames, data.shape[1]))
 
 
 def _opened(source):
@@ -200,21 +206,22 @@ def _check_header(what: str, sr: int, channels: int) -> None:
 
 
 def _read_blocks(f, n: int, channels: int, max_decode_s: float, what: str) -> np.ndarray:
-    """Up to ``n`` frames from an open SoundFile, one block at a time, within ``max_decode_s`` seconds."""
+    """Up to ``n`` frames from an open SoundFile as (channels, frames) float32, one block at a time, within
+    ``max_decode_s`` seconds. Blocks go straight into their rows: the clip is never held twice."""
     import time
 
-    out = np.empty((n, channels), dtype=np.float32)
+    out = np.empty((channels, n), dtype=np.float32)
     deadline = time.monotonic() + max_decode_s
     got = 0
     while got < n:
         block = f.read(frames=min(DECODE_BLOCK_FRAMES, n - got), dtype="float32", always_2d=True)
         if block.shape[0] == 0:
             break
-        out[got:got + block.shape[0]] = block
+        out[:, got:got + block.shape[0]] = block.T
         got += block.shape[0]
         if time.monotonic() > deadline:
             raise ReferenceAudioError(f"{what} took more than {max_decode_s:g} s to decode; re-export it as wav")
-    return out[:got]
+    return out if got == n else np.ascontiguousarray(out[:, :got])
 
 
 def to_mono(samples: np.ndarray) -> np.ndarray:

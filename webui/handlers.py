@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.errors import EngineError, ReferenceAudioError
+from engine.errors import BusyError, EngineError, ReferenceAudioError
 from engine.options import MAX_SEED
 from engine.versions import VOCODER_VERSIONS
 
@@ -44,7 +44,7 @@ def describe_reference(path: str | None, rules, locale: str = "en") -> str:
         return ""
     try:
         clip = read_reference(path, rules)
-    except ReferenceAudioError as e:
+    except (ReferenceAudioError, BusyError) as e:  # BusyError: the process's decoding budget is full now
         return "⚠ " + user_message(e, locale, {path: "ref"})
     return text("ref.ok", locale, seconds=f"{clip.original_seconds:.2f}", rate=clip.sample_rate,
                 min=f"{rules.min_seconds:g}", max=f"{rules.max_seconds:g}")

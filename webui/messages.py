@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from engine.errors import CheckpointError, EngineError, OptionsError, ReferenceAudioError, TextError
+from engine.errors import BusyError, CheckpointError, EngineError, OptionsError, ReferenceAudioError, TextError
 from engine.text.limits import TextLimitError
 from webui.i18n import text
 
@@ -37,7 +37,8 @@ def user_message(error: EngineError, locale: str, files: dict[str, str] | None =
     if isinstance(error, ReferenceAudioError):
         if "no reference clip" in message:
             return text("ref.missing", locale)
-        if "NaN" in message or "only" in message and "samples were decoded" in message:
+        if ("NaN" in message or "audio samples lie within" in message
+                or "only" in message and "samples were decoded" in message):
             return text("ref.damaged", locale, name=name or "?")
         return text("ref.unreadable", locale, name=name or "?")
     if isinstance(error, TextLimitError):  # says what to change (a number too long...): shown as it is
@@ -57,7 +58,7 @@ def user_message(error: EngineError, locale: str, files: dict[str, str] | None =
         if role == "sovits":
             return text("weights.not_sovits", locale, name=name)
         return text("weights.unreadable", locale, name=name or "?", reason=clean(message, files))
-    if type(error).__name__ == "ServerBusyError":
+    if isinstance(error, BusyError):  # the workers, the scheduler or the decoding budget: retry later
         return text("busy", locale)
     if isinstance(error, OptionsError):
         return text("error.options", locale, message=clean(message, files))

@@ -70,7 +70,10 @@ def _context(studio: "Studio", settings: ServerSettings, on_control: Callable[[s
         ref, pool = studio.references.stats(), studio.pool.stats()
         return {"reference": (ref.hits, ref.misses), "model_pool": (pool.hits, pool.loads)}
 
+    from engine.decode_budget import process_decode_budget
+
     limits = settings.limits
+    process_decode_budget().resize(limits.decode_budget_bytes)  # one budget per process: the server sizes it
     metrics = ServerMetrics(cache_stats=cache_stats, queue_length=lambda: runner.queue_length)
     register_engine_metrics(metrics.registry, studio)
     engine_capacity = getattr(studio, "capacity", lambda: 0)

@@ -13,6 +13,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 
+from engine.decode_budget import DEFAULT_DECODE_BUDGET_BYTES
 from engine.errors import OptionsError
 
 MIB = 1 << 20
@@ -34,6 +35,9 @@ class ServerLimits:
     # ---- request bodies ----------------------------------------------------------------------
     max_upload_bytes: int = 20 * MIB  # a whole request body (JSON or multipart with every clip): over it, 413;
     # checked against Content-Length first and again while reading, with no slack
+    decode_budget_bytes: int = DEFAULT_DECODE_BUDGET_BYTES  # decoded audio held by the reads under way in the
+    # whole process (engine.decode_budget; every request, page and API): a read that does not fit beside them
+    # gets 503 + Retry-After before its samples are allocated (8 parallel maximal uploads grew a server 1.5 GB)
     max_json_depth: int = 32  # nesting of a JSON body (objects and lists); deeper: 400
     max_json_items: int = 100_000  # ',' and ':' in a JSON body, counted before it is parsed (a bound on its
     # members and items: 1.5M keys held the interpreter lock 1.2 s while parsing); more: 400
@@ -70,7 +74,7 @@ class ServerLimits:
             if f.type in ("int", "int | None"):
                 low = 1 if f.name in ("workers", "max_upload_bytes", "max_json_depth", "max_json_items", "max_connections",
                                       "max_pending_chunks", "max_tokens_per_sentence", "max_header_line_bytes",
-                                      "max_connections_per_client", "max_uploads_per_client",
+                                      "max_connections_per_client", "max_uploads_per_client", "decode_budget_bytes",
                                       "max_header_bytes", "max_headers") else 0
                 if not isinstance(value, int) or isinstance(value, bool) or value < low:
                     raise OptionsError(f"{f.name} must be an integer >= {low}, got {value!r}", field=f.name)
@@ -96,7 +100,7 @@ class ServerLimits:
 
 # ---- command-line flags (serve, webui) ---------------------------------------------------------
 
-_FLAGS = {  # field -> (flag, help); MiB for the upload size
+_FLAGS = {  # field -> (flag, help); the *_bytes fields are given in MiB (_MIB_FLAGS)
     "workers": ("--workers", "syntheses computed at once, page and API together"),
     "max_queue": ("--max-queue", "syntheses waiting beyond that; more get 503 at once (auto: as many as the "
                                  "engine's decoding slots, sized from free device memory, and their queue hold)"),
@@ -108,7 +112,10 @@ _FLAGS = {  # field -> (flag, help); MiB for the upload size
     "body_timeout_s": ("--body-timeout", "seconds a whole request body may take to arrive (then 408)"),
     "max_tokens_per_sentence": ("--max-tokens-per-sentence",
                                 "cap semantic tokens per sentence (25 per second of audio; default: the GPT file's)"),
+    "decode_budget_bytes": ("--decode-budget-mb", "MiB of decoded audio the whole process holds in reads under "
+                                                  "way (every request, page and API); a read beyond: 503"),
 }
+_MIB_FLAGS = {"max_upload_bytes": "max_upload_mb", "decode_budget_bytes": "decode_budget_mb"}  # field -> dest
 
 
 def add_limit_arguments(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
@@ -119,10 +126,10 @@ def add_limit_arguments(parser: argparse.ArgumentParser, skip: tuple[str, ...] =
             continue
         default = getattr(d, name)
         kind = int if name in ("workers", "max_queue", "max_tokens_per_sentence") else float
-        if name == "max_upload_bytes":
+        if name in _MIB_FLAGS:
             default = default / MIB
         shown = ("auto" if name == "max_queue" else "none") if default is None else f"{default:g}"
-        dest = "max_upload_mb" if name == "max_upload_bytes" else name
+        dest = _MIB_FLAGS.get(name, name)
         parser.add_argument(flag, type=kind, default=default, dest=dest, help=f"{text} (default {shown})")
 
 
@@ -130,8 +137,7 @@ def limits_from_args(args: argparse.Namespace, **overrides) -> ServerLimits:
     """:class:`ServerLimits` from the flags of :func:`add_limit_arguments` (absent flags keep the defaults)."""
     values = {}
     for name in _FLAGS:
-        if name == "max_upload_bytes" and hasattr(args, "max_upload_mb"):
-            values[name] = round(args.max_upload_mb * MIB)
-        elif name != "max_upload_bytes" and hasattr(args, name):
-            values[name] = getattr(args, name)
+        dest = _MIB_FLAGS.get(name, name)
+        if hasattr(args, dest):
+            values[name] = round(getattr(args, dest) * MIB) if name in _MIB_FLAGS else getattr(args, dest)
     return ServerLimits(**{**values, **overrides})

@@ -192,3 +192,54 @@ def test_the_page_and_the_api_agree_on_an_mp3_without_id3(tmp_path) -> None:
     with pytest.raises(ReferenceAudioError):
         read_reference(io.BytesIO(path.read_bytes()))  # what the API and every synthesis decode
     assert note.startswith("⚠"), note  # 2f66d90: "3.50 s at 32000 Hz" on the page, 400 on serve
+
+
+# ---- issue 32 item 3: one decoding budget for the whole process -------------------------------------------
+
+MIB = 1 << 20
+
+
+def _surround(seconds: float = 2.0) -> bytes:
+    """8 channels at 384 kHz, FLAC: small as a file (a quiet tone), 8 * 4 bytes per frame once decoded."""
+    buf = io.BytesIO()
+    sf.write(buf, _tone(seconds, 384000, 8) * 0.1, 384000, format="FLAC", subtype="PCM_16")
+    return buf.getvalue()
+
+
+def test_a_read_reserves_its_samples_in_a_budget_before_decoding_and_is_refused_beyond_it() -> None:
+    from engine.decode_budget import DecodeBudget, DecodeBudgetError
+    from engine.errors import BusyError
+
+    clip = _surround(2.0)
+    need = 2 * 384000 * 8 * 4  # 23.4 MiB of float32
+    budget = DecodeBudget(max_bytes=64 * MIB)
+    with budget.reserve(48 * MIB, "another upload"):  # reads under way elsewhere in the process
+        with pytest.raises(DecodeBudgetError, match="decode_budget_bytes") as refused:
+            read_audio(io.BytesIO(clip), budget=budget)
+        assert isinstance(refused.value, BusyError) and refused.value.retry_after > 0  # 503 + Retry-After
+        assert budget.in_use == 48 * MIB and budget.peak == 48 * MIB  # refused before a sample was allocated
+    fresh = DecodeBudget(max_bytes=64 * MIB)
+    audio = read_audio(io.BytesIO(clip), budget=fresh)
+    assert audio.samples.shape == (8, 768000) and audio.samples.flags.c_contiguous
+    assert fresh.peak == need and fresh.in_use == 0  # held while decoding, given back after
+    with pytest.raises(ReferenceAudioError, match="whole decoding budget"):  # can never fit: 400, not 503
+        read_audio(io.BytesIO(clip), budget=DecodeBudget(max_bytes=16 * MIB))
+
+
+def test_every_door_shares_the_process_budget(tmp_path) -> None:
+    from engine.decode_budget import DecodeBudgetError, process_decode_budget
+    from engine.reference import ReferenceRules, read_reference
+    from webui.handlers import describe_reference
+
+    path = tmp_path / "surround.flac"
+    path.write_bytes(_surround(4.0))
+    budget = process_decode_budget()
+    assert budget is process_decode_budget()  # one per process
+    with budget.reserve(budget.max_bytes - 16 * MIB, "other uploads"):
+        with pytest.raises(DecodeBudgetError):  # the API's and every synthesis's read (bytes)
+            read_reference(io.BytesIO(path.read_bytes()), ReferenceRules())
+        note = describe_reference(str(path), ReferenceRules())  # the page's read (a path)
+        assert "busy" in note, note
+    assert budget.in_use == 0
+    assert "3.99" in describe_reference(str(path), ReferenceRules()) or "4.00" in describe_reference(
+        str(path), ReferenceRules())

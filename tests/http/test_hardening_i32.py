@@ -110,3 +110,33 @@ def test_slow_senders_from_one_address_cannot_take_every_place(tmp_path, refs) -
     assert len(refused) == 4
     assert any(b"max_uploads_per_client" in m.get("body", b"") for a in refused for m in a)
     assert all((b"retry-after", b"1") in a[0]["headers"] for a in refused)
+
+
+# ---- 3: one decoding budget for the process --------------------------------------------------------------
+
+
+def test_an_upload_over_the_process_decoding_budget_is_a_503_with_retry_after(tmp_path, refs) -> None:
+    import io
+
+    import soundfile as sf
+
+    from engine.decode_budget import process_decode_budget
+    from tests.core.test_audio_budget import _tone
+
+    buf = io.BytesIO()
+    sf.write(buf, _tone(4.0, 384000, 8) * 0.1, 384000, format="FLAC", subtype="PCM_16")  # 8 ch at 384 kHz
+    app = make_app(ScriptedStudio(tmp_path), refs, decode_budget_bytes=200 << 20)
+    budget = process_decode_budget()
+    assert budget.max_bytes == 200 << 20  # the server sizes the one budget of its process
+    form = {"name": "surround", "prompt_text": "Hello.", "prompt_lang": "en"}
+
+    async def calls(c):
+        with budget.reserve(170 << 20, "other uploads"):  # the clip needs 47 MiB
+            busy = await c.post("/v1/voices", data=form, files={"audio": ("s.flac", buf.getvalue())})
+        return busy, await c.post("/v1/voices", data=form, files={"audio": ("s.flac", buf.getvalue())})
+
+    busy, after = asgi(app, calls)
+    assert busy.status_code == 503 and busy.headers["retry-after"] == "1", busy.text  # 2f66d90: decoded anyway
+    assert "decode_budget_bytes" in busy.json()["error"]["message"]
+    assert after.status_code == 201, after.text  # the same clip once the room is back
+    assert budget.in_use == 0
