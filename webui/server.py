@@ -90,7 +90,8 @@ def create_webui_app(studio, config=None, ui_settings=None, server_settings=None
                               allowed_paths=[str(ASSETS)], show_error=True, theme=page_theme(), i18n=page_i18n())
     from webui.upload_quota import MAX_BYTES_PER_UPLOAD_LIMIT, UploadQuota
 
-    app.add_middleware(UploadQuota, folder=demo.GRADIO_CACHE, max_bytes=MAX_BYTES_PER_UPLOAD_LIMIT * upload)
+    app.add_middleware(UploadQuota, folder=demo.GRADIO_CACHE, max_bytes=MAX_BYTES_PER_UPLOAD_LIMIT * upload,
+                       per_upload=upload)
     if auth:  # before login: no API description on the login form, and Gradio's heartbeat behind the login
         from webui.login_gate import PageLoginGate
 

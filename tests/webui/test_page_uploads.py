@@ -146,6 +146,52 @@ def test_uploads_are_refused_while_the_folder_is_full(tmp_path) -> None:
     assert asyncio.run(upload(UploadQuota(inner, str(folder), max_files=10, max_bytes=300))) == 507
 
 
+def test_concurrent_uploads_cannot_overshoot_the_folder_quota(tmp_path) -> None:
+    import asyncio
+
+    from webui.upload_quota import UploadQuota, folder_usage
+
+    folder = tmp_path / "uploads"
+    folder.mkdir()
+
+    state = {"arrived": 0, "release": None, "stored": 0}
+
+    async def store(scope, receive, send):  # Gradio's upload route: read the body, write it, answer
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body, more = body + message.get("body", b""), message.get("more_body", False)
+        state["arrived"] += 1
+        await state["release"].wait()  # every upload is under way at once
+        state["stored"] += 1
+        (folder / f"{state['stored']}.bin").write_bytes(body)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    gate = UploadQuota(store, str(folder), max_files=100, max_bytes=1000)
+
+    async def main():
+        state["release"] = asyncio.Event()
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=gate), base_url="http://127.0.0.1") as c:
+            async def upload() -> int:
+                return (await c.post("/gradio_api/upload", files={"files": ("x.wav", b"x" * 300)})).status_code
+
+            tasks = [asyncio.create_task(upload()) for _ in range(10)]
+            for _ in range(1000):  # until each upload reached the store or was refused
+                await asyncio.sleep(0.005)
+                if state["arrived"] + sum(t.done() for t in tasks) == 10:
+                    break
+            state["release"].set()
+            first = await asyncio.gather(*tasks)
+            return first, await upload()
+
+    statuses, later = asyncio.run(main())
+    files, size = folder_usage(str(folder), 100)
+    assert size <= 1000, (statuses, size)  # 2f66d90: all ten passed the check on an empty folder, 4,450 bytes
+    assert statuses.count(200) == 2 and statuses.count(507) == 8 and files == 2
+    assert later == 507 and gate.held() == (0, 0)  # the stored files count now; nothing is held twice
+
+
 def test_the_page_says_which_number_is_too_long() -> None:
     from engine.errors import TextError
     from engine.text.limits import check_user_text
