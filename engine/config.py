@@ -80,6 +80,8 @@ KNOBS = (
     Knob("warmup", WARMUP, "enabled", bool, "load the configured models and synthesise once at start"),
     Knob("slots", ENGINE, "scheduler_slots", int, "requests the scheduler decodes together (0: from free memory)"),
     Knob("scheduler_queue", ENGINE, "scheduler_queue", int, "requests waiting for a slot; one more gets 503"),
+    Knob("max_schedulers", ENGINE, "max_schedulers", int,
+         "model sets served at once (each holds a slot pool); a new set while all are busy gets 503"),
 )
 KNOB_KEYS = {k.key: k for k in KNOBS}
 

@@ -254,6 +254,9 @@ class EngineSettings:
     scheduler_slots: int = 0  # requests decoded at once; 0: from free device memory (CPU: 8)
     scheduler_queue: int = 64  # requests waiting for a slot; one more is refused with BusyError (HTTP 503)
     scheduler_context: int = 2048  # positions per slot: phones + prompt tokens + generated tokens
+    # model sets with a live scheduler (each holds a KV-cache pool); one with requests in flight is never
+    # closed to make room: a new set then waits for an idle one (BusyError, HTTP 503 + Retry-After)
+    max_schedulers: int = 4
     # convolutions of the acoustic stages and reference preparation (engine.runtime.conv_backend): "auto" /
     # "cudnn" (cuDNN on CUDA), "native" (PyTorch's own: no cuDNN plan per new length, slower in batches)
     conv_backend: str = "auto"
@@ -271,10 +274,12 @@ class EngineSettings:
         if not _is_int(self.scheduler_context) or self.scheduler_context < 64:
             raise OptionsError(f"scheduler_context must be an integer >= 64, got {self.scheduler_context!r}")
         for name in ("reference_cache_entries", "reference_cache_bytes", "model_pool_bytes", "max_text_chars",
-                     "scheduler_slots", "scheduler_queue"):
+                     "scheduler_slots", "scheduler_queue", "max_schedulers"):
             v = getattr(self, name)
             if not _is_int(v) or v < 0:
                 raise OptionsError(f"{name} must be a non-negative integer, got {v!r}")
+        if self.max_schedulers < 1:
+            raise OptionsError(f"max_schedulers must be at least 1, got {self.max_schedulers!r}")
         if not _is_number(self.memory_watermark) or not 0.0 < self.memory_watermark <= 1.0:
             raise OptionsError(f"memory_watermark must be a fraction in (0, 1], got {self.memory_watermark!r}")
         if self.on_memory_pressure not in PRESSURE_ACTIONS:

@@ -28,6 +28,7 @@ from engine.memory import (
     MemoryReader,
     system_memory_reader,
 )
+from engine.errors import BusyError
 from engine.options import EngineSettings, SynthesisOptions
 from engine.readiness import Readiness
 from engine.reference import PreparedReference, Reference, ReferenceRules
@@ -38,7 +39,6 @@ from engine.t2s.decoding import SamplingParams, StopRules, T2SDecoder, T2SInput
 
 log = logging.getLogger(__name__)
 
-MAX_SCHEDULERS = 4  # model sets with a live scheduler (each holds a KV-cache pool)
 REFERENCE_THREADS = 2  # engine threads that prepare references on an accelerator
 
 
@@ -77,6 +77,7 @@ class Studio:
         self._lock = threading.Lock()
         self._warmed: set[str] = set()
         self._schedulers: dict[str, object] = {}  # Models.id -> engine.serving.Scheduler (insertion order)
+        self._retired: list = []  # replaced schedulers still finishing their requests (closed once idle)
         from engine.serving.gate import DeviceGate
 
         self.gate = DeviceGate()  # device work of every scheduler and cloner vs CUDA graph captures
@@ -218,11 +219,10 @@ class Studio:
         """Degrade step: close the schedulers no request is using, releasing their KV-cache pools; bytes
         released. The next request on a model set makes a new one, sized from the memory free then."""
         with self._lock:
-            idle = [(key, sched) for key, sched in self._schedulers.items() if sched.idle]
+            idle = [(key, sched) for key, sched in self._schedulers.items() if sched.close_if_idle()]
             for key, _ in idle:
                 del self._schedulers[key]
-        for _, sched in idle:
-            sched.close()
+            self._retired = [old for old in self._retired if not old.close_if_idle()]
         return sum(sched.kv_bytes for _, sched in idle)
 
     def _evict_idle_models(self) -> int:
@@ -242,25 +242,45 @@ class Studio:
         return results if cloner.scheduler is not None else _freeing(results, runtime)
 
     def scheduler(self, models: Models):
-        """The scheduler that runs every request on ``models`` (made on first use, one per model set)."""
+        """The scheduler that runs every request on ``models`` (made on first use, one per model set).
+
+        At most ``max_schedulers`` live at once; to make room the oldest idle one is closed. A scheduler with
+        requests in flight is never closed for another model set: when every one is busy, BusyError (HTTP 503
+        + Retry-After) for the new set, and the running requests go on."""
         from engine.serving.scheduler import Scheduler, SchedulerConfig
 
         with self._lock:
             sched = self._schedulers.get(models.id)
-            if sched is None or sched.models.t2s is not models.t2s:  # reloaded weights: a new scheduler
-                s = self.settings
-                sched = Scheduler(models, SchedulerConfig(slots=s.scheduler_slots, queue=s.scheduler_queue,
-                                                          context=s.scheduler_context, conv_backend=s.conv_backend,
-                                                          acoustic_buckets=s.acoustic_buckets,
-                                                          acoustic_graphs=s.acoustic_graphs),
-                                  gate=self.gate, on_event=self._count, fallback=self.fallback)
-                old = self._schedulers.pop(models.id, None)
-                if old is not None:
-                    old.close()
-                self._schedulers[models.id] = sched
-                while len(self._schedulers) > MAX_SCHEDULERS:  # oldest model set first
-                    self._schedulers.pop(next(iter(self._schedulers))).close()
+            if sched is not None and sched.models.t2s is models.t2s and not sched.closed:
+                return sched
+            if sched is not None:  # reloaded weights (or closed meanwhile): its running requests finish there
+                del self._schedulers[models.id]
+                sched.retire()
+                self._retired.append(sched)
+            self._make_room_locked()
+            s = self.settings
+            sched = Scheduler(models, SchedulerConfig(slots=s.scheduler_slots, queue=s.scheduler_queue,
+                                                      context=s.scheduler_context, conv_backend=s.conv_backend,
+                                                      acoustic_buckets=s.acoustic_buckets,
+                                                      acoustic_graphs=s.acoustic_graphs),
+                              gate=self.gate, on_event=self._count, fallback=self.fallback)
+            self._schedulers[models.id] = sched
             return sched
+
+    def _make_room_locked(self) -> None:
+        """Room for one more scheduler: retired ones that are done close, then the oldest idle ones; BusyError
+        when every live scheduler has requests in flight."""
+        self._retired = [old for old in self._retired if not old.close_if_idle()]
+        limit = self.settings.max_schedulers
+        while len(self._schedulers) + len(self._retired) >= limit:
+            victim = next((key for key, old in self._schedulers.items() if old.close_if_idle()), None)
+            if victim is None:
+                busy = [*self._schedulers.values(), *self._retired]
+                wait = min((old.typical_seconds for old in busy), default=1.0)
+                raise BusyError(f"the server is serving {len(busy)} other model sets with requests in flight, the "
+                                f"most it holds at once (max_schedulers = {limit}); retry in {wait:.0f} s or use "
+                                "weights that are loaded already", retry_after=wait)
+            del self._schedulers[victim]
 
     def drain(self, reason: str = "the server is shutting down; retry in a moment") -> int:
         """Shutdown has begun: every scheduler fails its queued requests (no audio made yet) with
@@ -284,7 +304,8 @@ class Studio:
     def close(self) -> None:
         """Stop the schedulers (their running requests end with an error) and the reference threads."""
         with self._lock:
-            schedulers, self._schedulers = list(self._schedulers.values()), {}
+            schedulers, self._schedulers = [*self._schedulers.values(), *self._retired], {}
+            self._retired = []
         for sched in schedulers:
             sched.close()
         self._lane.shutdown(wait=False, cancel_futures=True)

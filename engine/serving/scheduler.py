@@ -168,6 +168,7 @@ class Scheduler:
         self._text = ThreadPoolExecutor(max_workers=1, thread_name_prefix="text")
         self._acoustic: queue.SimpleQueue = queue.SimpleQueue()
         self._closed = False
+        self._retired = False  # retire(): admit nothing new, close when the last request is done
         self._durations: deque[float] = deque(maxlen=64)
         self._threads: list[threading.Thread] = []
         # float32 on the CPU voices chunk by chunk, so a request's audio is exactly what it is alone
@@ -205,13 +206,13 @@ class Scheduler:
     def submit(self, request: Request) -> None:
         """Admit a request (its first sentence is featurised) or raise BusyError."""
         with self._cv:
-            if self._closed:
+            if self._closed or self._retired:
                 raise SchedulerClosedError("the scheduler is shut down")
             if self.state == "failed":
                 raise DeviceFailedError("the device failed and its decoding state could not be rebuilt; the "
                                         "server must be restarted (see its log)")
             if len(self._active) >= self.slots + self.config.queue:
-                wait = max(1.0, float(np.mean(self._durations))) if self._durations else 1.0
+                wait = self.typical_seconds
                 raise BusyError(f"the server is busy: all {self.slots} decoding slots are taken and "
                                 f"{self.config.queue} requests are waiting; retry in {wait:.0f} s", retry_after=wait)
             request.on_cancel = self._on_cancel
@@ -348,15 +349,50 @@ class Scheduler:
         return self.decoder.k.numel() * self.decoder.k.element_size() * 2
 
     @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def typical_seconds(self) -> float:
+        """How long a request took here lately (at least 1 s): the Retry-After of a busy answer."""
+        with self._cv:
+            return max(1.0, float(np.mean(self._durations))) if self._durations else 1.0
+
+    @property
     def idle(self) -> bool:
         """No request admitted (none decoding, queued or still being voiced)."""
         with self._cv:
             return not self._active and not self._n
 
+    def close_if_idle(self) -> bool:
+        """Close this scheduler only if no request is admitted, atomically with admission: a request that
+        comes after gets SchedulerClosedError (its cloner then asks for the model set's new scheduler), never
+        a shut-down error mid-decode. True when it was closed."""
+        with self._cv:
+            if self._closed:
+                return True
+            if self._active or self._n:
+                return False
+            self._closed = True
+            self._cv.notify_all()
+        self._stop_threads()
+        return True
+
+    def retire(self) -> None:
+        """Admit nothing new (SchedulerClosedError) and close once the requests in flight are done (the
+        model set was reloaded: a new scheduler serves it); closes at once when idle."""
+        with self._cv:
+            self._retired = True
+        if self.idle:
+            self.close_if_idle()
+
     def close(self) -> None:
         with self._cv:
             self._closed = True
             self._cv.notify_all()
+        self._stop_threads()
+
+    def _stop_threads(self) -> None:
         self._acoustic.put(None)
         for t in self._threads:
             t.join(timeout=5)
@@ -630,7 +666,9 @@ class Scheduler:
                 return
             self._active.discard(request)
             self._durations.append(time.monotonic() - request.started)
-        self._acoustic.put(("end", request, None, error, None))
+            # queued before the request stops counting as admitted: a close that finds the scheduler idle puts
+            # its stop after this, and the acoustic stage finishes what came before its stop
+            self._acoustic.put(("end", request, None, error, None))
 
     def _compact(self, freed: list[int]) -> None:
         """Keep the occupied rows at [0, n): move the highest rows down into the holes."""
@@ -690,16 +728,23 @@ class Scheduler:
         stay in order); on CUDA its streaming chunks are decoded as one batch."""
         stream = torch.cuda.Stream(self.models.device) if self.models.device.type == "cuda" else None
         pending: deque = deque()
+        stopping = False  # close() was seen: voice the jobs queued before it, then stop
         while True:
             if not pending:
+                if stopping:
+                    return
                 pending.append(self._acoustic.get())
-            while True:
+            while not stopping:
                 try:
                     pending.append(self._acoustic.get_nowait())
                 except queue.Empty:
                     break
             if any(job is None for job in pending):
-                return
+                stopping = True
+                before = list(pending)[: next(i for i, job in enumerate(pending) if job is None)]
+                pending = deque(job for job in before if job is not _CAPTURE)
+                if not pending:
+                    return
             if any(job is _CAPTURE for job in pending):  # capture_graphs (warm-up): every voicing shape, the
                 pending = deque(job for job in pending if job is not _CAPTURE)  # common encoder shapes, those met
                 self.acoustic_graphs.want_voices()
