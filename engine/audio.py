@@ -21,6 +21,7 @@ import torch
 
 from engine.decode_budget import DecodeBudget, process_decode_budget
 from engine.errors import BusyError, ReferenceAudioError
+from engine.lru import LRUCache
 
 MIN_SAMPLE_RATE = 8000  # below this a file cannot carry the 0-8 kHz band HuBERT expects
 MAX_SAMPLE_RATE = 384000
@@ -37,6 +38,8 @@ _SIGNATURES = ((0, b"RIFF", "wav"), (0, b"RF64", "wav"), (0, b"fLaC", "flac"), (
 # The largest torchaudio sinc kernel (elements) resample_sinc builds: rates whose ratio reduces to large
 # numbers (16022 -> 32000 is 8011:16000) would need a kernel of gigabytes; they go through soxr instead.
 MAX_SINC_KERNEL = 1 << 20
+RESAMPLER_CACHE_BYTES = 32 << 20  # the sinc resamplers kept for reuse, all together (8 of the largest kernels,
+# or dozens at the usual rates: 44.1 -> 32 kHz is 0.8 MiB)
 
 # SoVITS reference spectrogram (hps.data of every official s2*.json config; TTS._get_ref_spec)
 SPEC_SAMPLE_RATE = 32000
@@ -276,14 +279,27 @@ def sinc_kernel_size(sr_in: int, sr_out: int, lowpass_filter_width: int = 6, rol
     return new * (2 * width + orig)
 
 
-@lru_cache(maxsize=16)
 def _sinc_resampler(sr_in: int, sr_out: int, device: str) -> torch.nn.Module:
-    """The torchaudio transform itself, one per device, never mutated. It builds its kernel in
-    float64 and stores it as float32; the functional form would build it in the input dtype, which
-    differs in the last bits from the official path."""
+    """The torchaudio transform itself, one per device, never mutated, memoized in :func:`resampler_cache`.
+    It builds its kernel in float64 and stores it as float32; the functional form would build it in the
+    input dtype, which differs in the last bits from the official path."""
     import torchaudio.transforms as AT
 
-    return AT.Resample(sr_in, sr_out).to(device)
+    return resampler_cache().get_or_build((sr_in, sr_out, device),
+                                          lambda: AT.Resample(sr_in, sr_out).to(device))[0]
+
+
+def _kernel_bytes(resampler: torch.nn.Module) -> int:
+    return sum(t.numel() * t.element_size() for t in (*resampler.parameters(), *resampler.buffers())) + sum(
+        v.numel() * v.element_size() for v in vars(resampler).values() if isinstance(v, torch.Tensor))
+
+
+@lru_cache(maxsize=1)
+def resampler_cache() -> LRUCache:
+    """The memo of sinc resamplers (pure values): bounded in bytes by :data:`RESAMPLER_CACHE_BYTES` (a clip at
+    an odd rate makes a kernel of up to :data:`MAX_SINC_KERNEL` elements; many such rates grew a server by
+    0.7 GiB when the memo was bounded in entries only). Made on first use."""
+    return LRUCache(max_entries=64, max_bytes=RESAMPLER_CACHE_BYTES, size_of=_kernel_bytes, name="sinc resamplers")
 
 
 def limit_peak(audio: torch.Tensor) -> torch.Tensor:

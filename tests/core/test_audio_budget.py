@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import struct
 import subprocess
@@ -243,3 +244,37 @@ def test_every_door_shares_the_process_budget(tmp_path) -> None:
     assert budget.in_use == 0
     assert "3.99" in describe_reference(str(path), ReferenceRules()) or "4.00" in describe_reference(
         str(path), ReferenceRules())
+
+
+# ---- issue 32 item 6: the resampler memo is bounded in bytes ----------------------------------------------
+
+
+def _live_kernel_bytes() -> int:
+    """Bytes of every torchaudio sinc kernel alive in this process (whoever holds it)."""
+    import gc
+
+    import torchaudio.transforms as AT
+
+    gc.collect()
+    return sum(b.numel() * b.element_size() for m in gc.get_objects() if type(m) is AT.Resample
+               for b in m.buffers())
+
+
+def test_many_odd_rates_keep_at_most_the_resampler_cache_bound(monkeypatch) -> None:
+    from engine import audio
+
+    assert audio.RESAMPLER_CACHE_BYTES == 32 << 20  # the default; this test bounds the memo at 8 MiB
+    monkeypatch.setattr(audio, "RESAMPLER_CACHE_BYTES", 8 << 20)
+    audio.resampler_cache.cache_clear()  # a fresh memo under the test's bound
+    near_max = [r for r in range(8000, 96000)
+                if audio.MAX_SINC_KERNEL * 0.9 < sinc_kernel_size(r, 32000) <= audio.MAX_SINC_KERNEL]
+    x = torch.zeros(1, 4000)
+    try:
+        for rate in near_max[:4]:  # each kernel about 4 MiB, on the sinc path (under MAX_SINC_KERNEL)
+            assert resample_sinc(x, rate, 32000).shape[-1] == math.ceil(4000 * 32000 / rate)
+        held = _live_kernel_bytes()
+        assert held <= 8 << 20, held / 2**20  # 2f66d90 kept 16 kernels whatever their size (16 MiB here)
+        assert audio.resampler_cache().nbytes <= 8 << 20 and len(audio.resampler_cache()) == 2
+        assert resample_sinc(x, 44100, 32000).shape[-1] > 0 and (44100, 32000, "cpu") in audio.resampler_cache()
+    finally:
+        audio.resampler_cache.cache_clear()  # later tests get a memo under the default bound
