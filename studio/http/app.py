@@ -85,7 +85,8 @@ def _context(studio: "Studio", settings: ServerSettings, on_control: Callable[[s
     return ServerContext(
         studio=studio, settings=settings, runner=runner, metrics=metrics,
         admission=Admission(admitted, limits.retry_after_s, limits.max_uploads_per_client),
-        profiles=ProfileStore(settings.profiles_dir, limits.max_upload_bytes) if settings.profiles_dir else None,
+        profiles=ProfileStore(settings.profiles_dir, limits.max_upload_bytes, limits.max_profiles,
+                              limits.max_profiles_bytes) if settings.profiles_dir else None,
         reference_roots=tuple(Path(r).resolve() for r in settings.reference_roots),
         weight_roots=tuple(str(r) for r in roots), on_control=on_control,
         super_sampler=_super_sampler(studio),

@@ -62,7 +62,9 @@ class ServerLimits:
     max_pending_chunks: int = 8  # streamed results waiting for a slow client before synthesis pauses
     max_tokens_per_sentence: int | None = None  # cap on semantic tokens per sentence (25 per second of
     # audio); None: the GPT checkpoint's own limit (50 * max_sec = 2700, i.e. up to ~108 s per sentence)
-    max_profiles: int = 256  # saved voices
+    max_profiles: int = 256  # saved voices; one more: 400 (checked under the store's write lock)
+    max_profiles_bytes: int = 512 * MIB  # every saved voice's files together (a voice keeps only its checked
+    # reference, mono: a 10 s 48 kHz clip is 0.9-1.8 MiB); over it: 400
     # ---- shutdown ------------------------------------------------------------------------------
     shutdown_grace_s: float = 30.0  # after SIGTERM: running requests get this long, queued ones 503 at once
 
@@ -75,6 +77,7 @@ class ServerLimits:
                 low = 1 if f.name in ("workers", "max_upload_bytes", "max_json_depth", "max_json_items", "max_connections",
                                       "max_pending_chunks", "max_tokens_per_sentence", "max_header_line_bytes",
                                       "max_connections_per_client", "max_uploads_per_client", "decode_budget_bytes",
+                                      "max_profiles_bytes",
                                       "max_header_bytes", "max_headers") else 0
                 if not isinstance(value, int) or isinstance(value, bool) or value < low:
                     raise OptionsError(f"{f.name} must be an integer >= {low}, got {value!r}", field=f.name)

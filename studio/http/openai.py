@@ -122,8 +122,9 @@ async def add_voice(ctx: "ServerContext", request: Request) -> JSONResponse:
     from starlette.datastructures import UploadFile
 
     profiles = _store(ctx, writing=True)
-    if len(profiles.names()) >= ctx.limits.max_profiles:
-        raise OptionsError(f"{ctx.limits.max_profiles} voices are saved already; delete one first", field="voices")
+    if len(profiles.names()) >= ctx.limits.max_profiles:  # early, before the body is read (the store checks again)
+        raise OptionsError(f"{ctx.limits.max_profiles} voices are saved already, the most this server keeps "
+                           "(max_profiles); delete one first", field="voices")
     form = await read_form(request, max_files=1, max_fields=16)
     try:
         audio = form.get("audio")

@@ -8,6 +8,13 @@ A profile is a folder ``<root>/<name>/`` holding one reference clip, optional au
 
 Names are validated (letters, digits, ``_ . -``; no separators), and every file a profile names must
 lie inside its own folder, so a profile can never point the server at an arbitrary path.
+
+A saved clip keeps only the audio: the upload is decoded and checked as a request's reference is, and what
+is stored is that reference (mono, at its own rate, trimmed or padded as the rules say) as a WAV of 16-bit
+samples when they are exactly 16-bit, else of float32 samples, so what a voice synthesises is what the
+upload would have synthesised, and no chunk of the upload (a 19 MiB ``JUNK`` chunk, tags, trailing bytes)
+is kept. The store holds at most ``max_profiles`` voices and ``max_bytes`` bytes in all (both checked under
+the write lock, so parallel saves cannot overshoot them).
 """
 
 from __future__ import annotations
@@ -27,6 +34,8 @@ NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".mp3")
 PROFILE_FILE = "profile.json"
 MAX_PROMPT_CHARS = 1000
+MAX_PROFILES = 256  # saved voices (ServerLimits.max_profiles)
+MAX_STORE_BYTES = 512 << 20  # every saved voice's files together (ServerLimits.max_profiles_bytes)
 
 
 class ProfileNotFoundError(EngineError, LookupError):
@@ -79,26 +88,51 @@ def _inside(folder: Path, name: str, field: str) -> Path:
     return folder / name
 
 
-def _check_audio_bytes(data: bytes, field: str, rules=None) -> None:
-    """The clip passes exactly the checks a request's reference passes (decoding, length, silence,
-    clipping: :func:`engine.reference.read_reference` under the server's rules)."""
+def _checked_audio(data: bytes, field: str, rules=None) -> bytes:
+    """The clip as it will be stored: it passes exactly the checks a request's reference passes (decoding,
+    length, silence, clipping: :func:`engine.reference.read_reference` under the server's rules), and
+    becomes a WAV of the checked reference alone (see the module docstring)."""
     import io
+
+    import numpy as np
+    import soundfile as sf
 
     from engine.reference import ReferenceRules, read_reference
 
     try:
-        read_reference(io.BytesIO(data), rules if rules is not None else ReferenceRules())
+        clip = read_reference(io.BytesIO(data), rules if rules is not None else ReferenceRules())
     except ReferenceAudioError as e:
         raise with_field(e, field)
+    pcm = np.round(clip.audio.astype(np.float64) * 32768.0)
+    exact16 = bool(np.all((pcm >= -32768) & (pcm <= 32767)) and np.array_equal(pcm / 32768.0, clip.audio))
+    out = io.BytesIO()
+    sf.write(out, pcm.astype(np.int16) if exact16 else clip.audio, clip.sample_rate, format="WAV",
+             subtype="PCM_16" if exact16 else "FLOAT")
+    return out.getvalue()
+
+
+def folder_bytes(root: Path) -> int:
+    """Bytes of every file under ``root`` (links not followed)."""
+    total = 0
+    for folder, _, files in os.walk(root):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(folder, name)).st_size
+            except OSError:
+                continue
+    return total
 
 
 class ProfileStore:
     """The saved voices in one folder. Reads are cheap and uncached (the folder is the truth);
     writes are atomic (a finished folder is renamed into place) and serialised by a lock."""
 
-    def __init__(self, root: str | os.PathLike, max_audio_bytes: int = 20 * 1024 * 1024) -> None:
+    def __init__(self, root: str | os.PathLike, max_audio_bytes: int = 20 * 1024 * 1024,
+                 max_profiles: int = MAX_PROFILES, max_bytes: int = MAX_STORE_BYTES) -> None:
         self.root = Path(root)
-        self.max_audio_bytes = max_audio_bytes
+        self.max_audio_bytes = max_audio_bytes  # an upload (before decoding)
+        self.max_profiles = max_profiles  # saved voices
+        self.max_bytes = max_bytes  # every file of every saved voice together
         self._write_lock = threading.Lock()
 
     def names(self) -> list[str]:
@@ -150,28 +184,28 @@ class ProfileStore:
              gpt_weights: str = "", sovits_weights: str = "", overwrite: bool = False, rules=None) -> VoiceProfile:
         """Store a new voice from the clip's bytes. The clip must be at most ``max_audio_bytes`` and pass the
         reference checks of ``rules`` (a ReferenceRules; default: the official ones); the transcript at most
-        :data:`MAX_PROMPT_CHARS` characters."""
+        :data:`MAX_PROMPT_CHARS` characters; the store keeps its count and byte quota. ``suffix`` (the upload's
+        file name) decides nothing: the clip's bytes are decoded whatever it is called, as a request's are."""
         check_name(name)
-        suffix = suffix.lower()
-        if suffix not in AUDIO_SUFFIXES:
-            raise OptionsError(f"audio: files of type {suffix!r} are not accepted; use {', '.join(AUDIO_SUFFIXES)}")
         if len(audio) > self.max_audio_bytes:
             raise OptionsError(f"audio: the clip is {len(audio)} bytes; the limit is {self.max_audio_bytes}")
-        _check_audio_bytes(audio, "audio", rules)
+        stored = _checked_audio(audio, "audio", rules)
         if len(prompt_text) > MAX_PROMPT_CHARS:
             raise OptionsError(f"prompt_text: {len(prompt_text)} characters; the limit is {MAX_PROMPT_CHARS}")
         _check_language(prompt_lang)
-        meta = {"audio": "reference" + suffix, "prompt_text": prompt_text, "prompt_lang": prompt_lang,
+        meta = {"audio": "reference.wav", "prompt_text": prompt_text, "prompt_lang": prompt_lang,
                 "aux_audio": [], "gpt_weights": gpt_weights, "sovits_weights": sovits_weights}
+        text = json.dumps(meta, ensure_ascii=False, indent=1)
         with self._write_lock:
             target = self.root / name
             if target.exists() and not overwrite:
                 raise ProfileExistsError(f"voice: {name!r} is already saved; delete it first")
+            self._check_quota(target, len(stored) + len(text.encode("utf-8")))
             self.root.mkdir(parents=True, exist_ok=True)
             staging = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=self.root))
             try:
-                (staging / meta["audio"]).write_bytes(audio)
-                (staging / PROFILE_FILE).write_text(json.dumps(meta, ensure_ascii=False, indent=1), encoding="utf-8")
+                (staging / meta["audio"]).write_bytes(stored)
+                (staging / PROFILE_FILE).write_text(text, encoding="utf-8")
                 if target.exists():
                     shutil.rmtree(target)
                 staging.rename(target)
@@ -179,6 +213,19 @@ class ProfileStore:
                 if staging.exists():
                     shutil.rmtree(staging, ignore_errors=True)
         return self.get(name)
+
+    def _check_quota(self, target: Path, new_bytes: int) -> None:
+        """OptionsError when one more voice of ``new_bytes`` (replacing ``target`` if saved) would take the store
+        over its count or its bytes. Called under the write lock."""
+        replaced = target.is_dir()
+        count = len(self.names()) - (1 if replaced else 0)
+        if count >= self.max_profiles:
+            raise OptionsError(f"{count} voices are saved already, the most this server keeps (max_profiles); "
+                               "delete one first", field="voices")
+        used = folder_bytes(self.root) - (folder_bytes(target) if replaced else 0) if self.root.is_dir() else 0
+        if used + new_bytes > self.max_bytes:
+            raise OptionsError(f"the saved voices hold {used} bytes; this one ({new_bytes} bytes) would take them "
+                               f"over {self.max_bytes} (max_profiles_bytes); delete a voice first", field="voices")
 
     def delete(self, name: str) -> None:
         check_name(name)

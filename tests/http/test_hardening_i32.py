@@ -140,3 +140,24 @@ def test_an_upload_over_the_process_decoding_budget_is_a_503_with_retry_after(tm
     assert "decode_budget_bytes" in busy.json()["error"]["message"]
     assert after.status_code == 201, after.text  # the same clip once the room is back
     assert budget.in_use == 0
+
+
+# ---- 7: saved voices -----------------------------------------------------------------------------------------
+
+
+def test_the_voice_quota_is_the_servers_limit(tmp_path, refs) -> None:
+    from tests.http.test_profiles import _with_junk
+    from tests.support.server import reference_wav
+
+    app = make_app(ScriptedStudio(tmp_path), refs, max_profiles_bytes=300_000, max_profiles=8)
+    form = {"prompt_text": "Hello.", "prompt_lang": "en"}
+
+    async def calls(c):
+        return [await c.post("/v1/voices", data={**form, "name": f"v{i}"},
+                             files={"audio": ("v.wav", _with_junk(reference_wav(i), 5 << 20))}) for i in range(4)]
+
+    answers = asgi(app, calls)
+    assert [a.status_code for a in answers] == [201, 201, 400, 400], [a.text for a in answers]  # 112 KiB each
+    assert "max_profiles_bytes" in answers[2].json()["error"]["message"]
+    stored = sum(p.stat().st_size for p in (refs.parent / "voices").rglob("*") if p.is_file())
+    assert stored <= 300_000  # 2f66d90 kept every 5 MiB upload whole, with no bound in bytes

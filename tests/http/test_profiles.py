@@ -54,9 +54,65 @@ def test_bad_uploads_are_refused(tmp_path) -> None:
     assert info.value.field == "audio"
     with pytest.raises(OptionsError, match="prompt_lang: 'klingon'"):
         store.save("lang", _wav(), "x", "klingon")
-    with pytest.raises(OptionsError, match="not accepted"):
-        store.save("exe", _wav(), "x", "en", suffix=".exe")
     assert store.names() == []
+    store.save("named_oddly", _wav(), "x", "en", suffix=".exe")  # the bytes decide, as on every other door
+    assert store.get("named_oddly").audio_path.name == "reference.wav"
+
+
+def _with_junk(wav: bytes, junk_bytes: int) -> bytes:
+    """``wav`` with a RIFF ``JUNK`` chunk of ``junk_bytes`` between its fmt and data chunks."""
+    import struct
+
+    data_at = wav.index(b"data")
+    body = wav[12:data_at] + b"JUNK" + struct.pack("<I", junk_bytes) + bytes(junk_bytes) + wav[data_at:]
+    return b"RIFF" + struct.pack("<I", 4 + len(body)) + b"WAVE" + body
+
+
+def test_a_saved_voice_keeps_only_the_audio(tmp_path) -> None:
+    import io
+
+    import numpy as np
+
+    from engine.reference import read_reference
+
+    upload = _with_junk(_wav(), 19 << 20)  # 19 MiB of junk around a 3.5 s clip of 110 KiB
+    store = ProfileStore(tmp_path / "voices")
+    saved = store.save("junk", upload, "hello.", "en")
+    size = sum(p.stat().st_size for p in (tmp_path / "voices" / "junk").iterdir())
+    assert size < 200_000, size  # 2f66d90 stored the upload as it came: 19.1 MiB
+    as_uploaded, as_saved = read_reference(io.BytesIO(upload)), read_reference(saved.audio_path)
+    assert np.array_equal(as_uploaded.audio, as_saved.audio) and as_uploaded.sample_rate == as_saved.sample_rate
+    stereo = io.BytesIO()  # a float stereo clip: its mono mix-down, exactly, as float
+    import soundfile as sf
+
+    left = sf.read(io.BytesIO(_wav()), dtype="float32")[0]
+    sf.write(stereo, np.stack([left, left * 0.5], axis=1), 16000, format="WAV", subtype="FLOAT")
+    mixed = store.save("stereo", stereo.getvalue(), "hello.", "en")
+    assert np.array_equal(read_reference(mixed.audio_path).audio, read_reference(io.BytesIO(stereo.getvalue())).audio)
+
+
+def test_saved_voices_have_a_quota_in_count_and_in_bytes(tmp_path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    store = ProfileStore(tmp_path / "voices", max_profiles=3)
+    with ThreadPoolExecutor(6) as pool:  # parallel saves cannot overshoot the count
+        outcomes = list(pool.map(lambda i: _outcome(store.save, f"v{i}", _wav(), "hi.", "en"), range(6)))
+    assert outcomes.count("saved") == 3 and len(store.names()) == 3, outcomes
+    assert all("max_profiles" in o for o in outcomes if o != "saved")
+    store.save("v0", _wav(4.0), "hello.", "en", overwrite=True)  # replacing one keeps the count
+    one = sum(p.stat().st_size for p in (tmp_path / "voices" / "v1").iterdir())
+    small = ProfileStore(tmp_path / "small", max_bytes=int(2.5 * one))
+    assert [_outcome(small.save, f"s{i}", _wav(), "hi.", "en") for i in range(3)][:2] == ["saved", "saved"]
+    assert "max_profiles_bytes" in _outcome(small.save, "s9", _wav(), "hi.", "en")
+    assert sum(p.stat().st_size for p in (tmp_path / "small").rglob("*") if p.is_file()) <= int(2.5 * one)
+
+
+def _outcome(fn, *args) -> str:
+    try:
+        fn(*args)
+    except OptionsError as e:
+        return str(e)
+    return "saved"
 
 
 def test_a_profile_cannot_point_outside_its_folder(tmp_path) -> None:
