@@ -247,7 +247,11 @@ def _wire_notes(page: Page, studio, catalog: ModelCatalog) -> dict:
 
 def _wire_models(page: Page, config, catalog: ModelCatalog) -> None:
     def rescan():
-        return gr.update(choices=catalog.picker_choices("gpt")), gr.update(choices=catalog.picker_choices("sovits"))
+        try:
+            gpt, sovits = handlers.rescan_choices(catalog)
+        except EngineError as e:  # names no server path (the detail is in the log)
+            raise gr.Error(str(e)) from None
+        return gr.update(choices=gpt), gr.update(choices=sovits)
 
     page.rescan.click(rescan, None, [page.gpt, page.sovits], api_name="rescan_models")
     if config is not None:

@@ -63,6 +63,21 @@ def language_note(text_value: str, language: str, locale: str = "en") -> str:
                        if check.looks_like != "auto" else text("lang.auto", locale))
 
 
+RESCAN_FAILED = "the weight folders could not be listed again; the server log says why"
+
+
+def rescan_choices(catalog) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """The pickers' (GPT, SoVITS) choices listed again. A failure the listing could not skip is logged with
+    its detail and reaches the page as :data:`RESCAN_FAILED`, which names no server path."""
+    import logging
+
+    try:
+        return catalog.picker_choices("gpt"), catalog.picker_choices("sovits")
+    except (OSError, RuntimeError, ValueError) as e:
+        logging.getLogger(__name__).warning("rescan of the weight folders failed: %s", e)
+        raise EngineError(RESCAN_FAILED) from None
+
+
 def pair_note(catalog, gpt: str | None, sovits: str | None, locale: str = "en") -> str:
     """A warning when the picked GPT and SoVITS files do not belong together (empty when they do)."""
     from webui.i18n import text

@@ -9,7 +9,9 @@ v4, v2Pro and v2ProPlus), and so does :func:`gpt_versions`. GPT and SoVITS files
 when they use the same symbol set (:func:`mismatch`).
 
 ``ModelCatalog`` owns a bounded cache of descriptions keyed by (path, size, mtime), so a rescan only
-reads files that are new or changed. Files that are not GPT/SoVITS weights are left out of the lists.
+reads files that are new or changed. Files that are not GPT/SoVITS weights are left out of the lists, and
+so is anything the file system cannot resolve (a symlink loop, a dangling link, a folder it may not read):
+a listing never fails on one entry, at start or on a rescan.
 """
 
 from __future__ import annotations
@@ -88,8 +90,8 @@ class ModelCatalog:
 
     def __init__(self, base_dir: str | os.PathLike, extra_dirs: tuple[str | os.PathLike, ...] = (),
                  max_cached: int = 256) -> None:
-        self.base_dir = Path(base_dir).resolve()
-        self.extra_dirs = tuple(Path(d).resolve() for d in extra_dirs)
+        self.base_dir = _resolved(base_dir) or Path(os.path.abspath(base_dir))
+        self.extra_dirs = tuple(_resolved(d) or Path(os.path.abspath(d)) for d in extra_dirs)
         self.max_cached = max_cached
         self._cache: OrderedDict[tuple[str, int, int], ModelFile | None] = OrderedDict()
         self._lock = threading.Lock()
@@ -137,7 +139,7 @@ class ModelCatalog:
     def key_for(self, path: str | os.PathLike, which: str) -> str:
         """The picker value that stands for ``path``: its label when listed, else its file name (which
         :meth:`resolve` maps back to ``path``)."""
-        path = str(Path(path).resolve())
+        path = str(_resolved(path) or os.path.abspath(path))
         labels = {p: label for label, p in self.choices(which)}
         key = labels.get(path, Path(path).name)
         with self._lock:
@@ -166,7 +168,9 @@ class ModelCatalog:
         """The file's kind and version (cached), or None when it is no weight file we know."""
         from engine.loading.inspection import describe
 
-        path = Path(path).resolve()
+        path = _resolved(path)
+        if path is None:
+            return None
         try:
             st = path.stat()
         except OSError:
@@ -193,22 +197,39 @@ class ModelCatalog:
         flat = {self.base_dir / d for d in TRAINED_DIRS}
         for folder in self.folders:
             for p in _walk(folder, 0 if folder in flat else MAX_DEPTH):
-                if p.suffix in suffixes:
-                    seen[p.resolve()] = None
+                if p.suffix in suffixes and (resolved := _resolved(p)) is not None:
+                    seen[resolved] = None
                     if len(seen) >= MAX_FILES:
                         log.warning("more than %d weight files under %s; listing the first ones", MAX_FILES, folder)
                         return sorted(seen)
         return sorted(seen)
 
 
+def _resolved(path: str | os.PathLike) -> Path | None:
+    """``path`` with every symlink followed, or None when it cannot be (a loop: RuntimeError on Python 3.11,
+    OSError later; a name the file system refuses)."""
+    try:
+        return Path(path).resolve()
+    except (OSError, RuntimeError, ValueError) as e:
+        log.info("not listed: %s (%s)", path, e)
+        return None
+
+
 def _walk(folder: Path, depth: int):
-    """Files under ``folder``, ``depth`` levels of subfolders down (hidden and tool folders skipped)."""
+    """Files under ``folder``, ``depth`` levels of subfolders down (hidden and tool folders skipped; an entry
+    the file system cannot follow, such as a symlink loop, is skipped too)."""
     try:
         entries = sorted(os.scandir(folder), key=lambda e: e.name)
     except OSError:
         return
     for entry in entries:
-        if entry.is_file():
+        try:
+            is_file = entry.is_file()
+            is_dir = not is_file and depth > 0 and entry.is_dir()
+        except OSError as e:  # ELOOP: "Too many levels of symbolic links"
+            log.info("not listed: %s (%s)", entry.path, e.strerror)
+            continue
+        if is_file:
             yield Path(entry.path)
-        elif depth > 0 and entry.is_dir() and entry.name not in SKIPPED and not entry.name.startswith("."):
+        elif is_dir and entry.name not in SKIPPED and not entry.name.startswith("."):
             yield from _walk(Path(entry.path), depth - 1)

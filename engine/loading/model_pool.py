@@ -140,13 +140,24 @@ class WeightSet:
                      if backend == "coreml" and pkg)  # without a package: torch (config.problems() says so)
 
 
+def _followed(path: str | os.PathLike) -> Path | None:
+    """``path`` (``~`` expanded) with every symlink followed; None for a symlink loop or a name the file system
+    refuses (RuntimeError on Python 3.11, OSError later)."""
+    try:
+        return Path(os.path.expanduser(str(path))).resolve()
+    except (OSError, RuntimeError, ValueError):
+        return None
+
+
 def check_weight_path(path: str | os.PathLike, roots: tuple[str, ...], name: str, must_exist: bool = True) -> Path:
     """The resolved path; WeightPathError (naming ``name``) if it is missing or escapes ``roots``."""
     if not isinstance(path, (str, os.PathLike)) or not str(path).strip():
         raise WeightPathError(f"{name} is empty: give the path of a weight file")
-    resolved = Path(os.path.expanduser(str(path))).resolve()
+    resolved = _followed(path)
+    if resolved is None:
+        raise WeightPathError(f"{name} {str(path)!r} cannot be followed (a symlink loop?)")
     if roots:
-        allowed = [Path(os.path.expanduser(r)).resolve() for r in roots]
+        allowed = [r for r in map(_followed, roots) if r is not None]  # a looping folder allows nothing
         if not any(resolved == r or r in resolved.parents for r in allowed):
             raise WeightPathError(
                 f"{name} {str(path)!r} is outside the allowed weight folders ({', '.join(map(str, allowed))})"
