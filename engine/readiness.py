@@ -1,5 +1,6 @@
 """Whether a running engine is ready: ``starting`` while its warm-up runs (:mod:`engine.warmup`), then
-``ready``. The HTTP ``/health`` reports it."""
+``ready``, or ``degraded`` when the warm-up failed (``error`` says why: a model set that did not load, a slot
+pool that could not be allocated). The HTTP ``/health`` reports it, with the reason."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import time
 
 
 class Readiness:
-    """``starting`` until :meth:`finish`, then ``ready``. Thread-safe; one per server."""
+    """``starting`` until :meth:`finish`, then ``ready`` (``degraded`` when it finished with an error).
+    Thread-safe; one per server."""
 
     def __init__(self, ready: bool = False) -> None:
         self._done = threading.Event()
@@ -21,7 +23,14 @@ class Readiness:
 
     @property
     def status(self) -> str:
-        return "ready" if self._done.is_set() else "starting"
+        if not self._done.is_set():
+            return "starting"
+        return "degraded" if self.error else "ready"
+
+    @property
+    def done(self) -> bool:
+        """The warm-up has ended (whether or not it failed)."""
+        return self._done.is_set()
 
     def finish(self, error: str = "") -> None:
         with self._lock:

@@ -183,7 +183,7 @@ class Studio:
     def _count(self, event: str, n: int = 1) -> None:
         """A serving event (from a scheduler); graph captures are told apart by when they happened."""
         if event in ("graphs_captured", "acoustic_graphs_captured"):
-            event = f"{event}_{'serving' if self.readiness.status == 'ready' else 'warmup'}"
+            event = f"{event}_{'serving' if self.readiness.done else 'warmup'}"
         with self._lock:
             self._events[event] = self._events.get(event, 0) + n
 

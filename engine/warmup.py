@@ -17,8 +17,10 @@ the second request on a CPU. :func:`warm_up` does that work before a server says
   (:meth:`engine.studio.Studio.capture_graphs`): a capture while requests run could be invalidated by
   their device work, so serving never captures one.
 
-:class:`Readiness` is what ``/health`` reports: ``starting`` until the warm-up ends, then ``ready``
-(a failed warm-up is logged and still ends in ``ready``: requests then pay the loading themselves).
+:class:`Readiness` is what ``/health`` reports: ``starting`` until the warm-up ends, then ``ready``; a failed
+warm-up is logged and ends in ``degraded`` with the reason (requests are still served and try again what
+failed: a model set that did not load loads on first use, a slot pool that could not be allocated is tried
+again, its request answered 503 meanwhile).
 """
 
 from __future__ import annotations
@@ -197,7 +199,11 @@ def warm_up_in_background(studio, readiness: Readiness, weight_sets: Sequence | 
         try:
             report = submit(work).result() if submit is not None else work()  # type: ignore[union-attr]
             readiness.finish("; ".join(report.errors))
-            log.info("warm-up finished in %.1f s (%s); ready", report.seconds, ", ".join(report.sets) or "nothing")
+            if report.errors:  # /health says "degraded" with the reason, never "ready" over a broken engine
+                log.error("warm-up finished in %.1f s with errors (%s warmed); /health says degraded: %s",
+                          report.seconds, ", ".join(report.sets) or "nothing", "; ".join(report.errors))
+            else:
+                log.info("warm-up finished in %.1f s (%s); ready", report.seconds, ", ".join(report.sets))
         except BaseException as e:  # never leave /health at "starting"
             readiness.finish(f"{type(e).__name__}: {e}")
             raise

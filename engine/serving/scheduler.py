@@ -125,14 +125,60 @@ class _Row:
     generator: torch.Generator | None = None
 
 
+# explicit slots (scheduler_slots) may take at most this share of the free device memory: the rest is for the
+# prefill and acoustic activations, the graphs and the allocator's slack
+EXPLICIT_FRACTION = 0.9
+
+
+class PoolAllocationError(BusyError):
+    """The decoding slots of a model set could not be allocated (the device is out of memory now); this
+    request fails (HTTP 503 + Retry-After) and the next one tries again."""
+
+
+def slot_bytes(dims, context: int, element_size: int) -> int:
+    """Device bytes of one decoding slot: its K and V cache rows, the keys it may attend and the token ids
+    it has seen (engine.serving.slots.SlotDecoder)."""
+    return 2 * dims.n_layer * context * dims.hidden_dim * element_size + context + dims.vocab_size
+
+
+def slots_that_fit(free: int, per_slot: int, fraction: float) -> int:
+    """The most slots of ``per_slot`` bytes in ``fraction`` of ``free`` bytes (0 when not even one)."""
+    return max(0, int(free * fraction) // per_slot)
+
+
+def device_free_memory(device: torch.device) -> int | None:
+    """Free bytes of an accelerator (CUDA); None where the slot pool is not bounded by device memory."""
+    if device.type != "cuda":
+        return None
+    free, _ = torch.cuda.mem_get_info(device)
+    return int(free)
+
+
 def auto_slots(model: torch.nn.Module, context: int, fraction: float) -> int:
     p = next(model.parameters())
-    if p.device.type != "cuda":
+    free = device_free_memory(p.device)
+    if free is None:
         return CPU_SLOTS
-    d = model.dims
-    per_slot = 2 * d.n_layer * context * d.hidden_dim * p.element_size()
-    free, _ = torch.cuda.mem_get_info(p.device)
-    return max(1, min(MAX_CUDA_SLOTS, int(free * fraction) // per_slot))
+    per_slot = slot_bytes(model.dims, context, p.element_size())
+    return max(1, min(MAX_CUDA_SLOTS, slots_that_fit(free, per_slot, fraction)))
+
+
+def fitted_slots(model: torch.nn.Module, requested: int, context: int, fraction: float = EXPLICIT_FRACTION) -> int:
+    """``requested`` slots, or the most that fit the free device memory with a warning when fewer do (an H100
+    asked for 1,100 slots sized for a 141 GB card failed its allocation at every request)."""
+    p = next(model.parameters())
+    free = device_free_memory(p.device)
+    if free is None:
+        return requested
+    per_slot = slot_bytes(model.dims, context, p.element_size())
+    fit = slots_that_fit(free, per_slot, fraction)
+    if requested <= fit:
+        return requested
+    log.warning("scheduler_slots = %d does not fit %s: %d slots of %.1f MiB need %.1f GiB, %.1f GiB are free; "
+                "using %d slots, the most that fit (%.0f%% of the free memory); lower scheduler_slots (--slots) "
+                "to silence this", requested, p.device, requested, per_slot / 2**20, requested * per_slot / 2**30,
+                free / 2**30, max(1, fit), 100 * fraction)
+    return max(1, fit)
 
 
 class Scheduler:
@@ -145,9 +191,10 @@ class Scheduler:
         # ("rebuild" | "graphs_captured" | "acoustic_graphs_captured" | "acoustic_failure", count) for metrics
         self._on_event = on_event
         self.fallback = fallback  # engine.runtime.DeviceFallback: T2S steps the device cannot run move to the CPU
-        slots = config.slots or auto_slots(models.t2s, config.context, config.memory_fraction)
+        slots = (fitted_slots(models.t2s, config.slots, config.context) if config.slots
+                 else auto_slots(models.t2s, config.context, config.memory_fraction))
         self.slots = slots
-        self.decoder = self._make_decoder()
+        self.decoder = self._allocate()
         self.tracker = ChunkTracker(slots, config.context, models.mute_similarity)
         self.state = "ok"  # "rebuilding" after a failed step, "failed" when the device could not be rebuilt
         self.rebuilds = 0
@@ -185,6 +232,20 @@ class Scheduler:
         self.acoustic_chunks = 0
         # (submit -> first token chunk due, due -> its audio ready) seconds of recent requests
         self.first_chunk_parts: deque[tuple[float, float]] = deque(maxlen=4096)
+
+    def _allocate(self) -> SlotDecoder:
+        """The first slot pool; PoolAllocationError (503, retry) when the device cannot hold it now."""
+        try:
+            return self._make_decoder()
+        except torch.OutOfMemoryError as e:
+            if self.models.device.type == "cuda":
+                torch.cuda.empty_cache()  # what the failed allocation left cached goes back
+            per_slot = slot_bytes(self.models.t2s.dims, self.config.context,
+                                  next(self.models.t2s.parameters()).element_size())
+            raise PoolAllocationError(
+                f"the decoding slots of this model set could not be allocated ({self.slots} slots, "
+                f"{self.slots * per_slot / 2**30:.1f} GiB: {str(e).splitlines()[0][:200]}); retry in a moment, or "
+                "lower scheduler_slots (--slots) or scheduler_context", retry_after=5.0) from e
 
     def _make_decoder(self) -> SlotDecoder:
         return SlotDecoder(self.models.t2s, self.slots, self.config.context)

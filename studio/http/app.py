@@ -129,20 +129,25 @@ def _add_service_routes(app: "FastAPI", ctx: ServerContext) -> None:
 
     @app.get("/health")
     async def health():
-        """``starting`` while the warm-up runs, then ``ready``; ``degraded`` while the engine rebuilds its
-        decoding state after a failed step (it still serves); ``failed`` (503) when it could not (restart);
-        ``draining`` (503) once shutdown has begun."""
+        """``starting`` while the warm-up runs, then ``ready``; ``degraded`` (with a ``reason``) when the warm-up
+        failed, and while the engine rebuilds its decoding state after a failed step (it still serves);
+        ``failed`` (503) when it could not (restart); ``draining`` (503) once shutdown has begun."""
         draining = ctx.admission.draining
         readiness = getattr(ctx.studio, "readiness", None)  # engine.warmup.Readiness, when a warm-up was started
         status = "draining" if draining else (readiness.status if readiness is not None else "ready")
+        reason = getattr(readiness, "error", "") if status == "degraded" else ""  # why the warm-up failed
         engine = getattr(ctx.studio, "serving_state", "ok")  # "ok", "degraded" or "failed"
-        if status == "ready" and engine != "ok":
-            status = engine
+        if engine == "failed" and status != "draining":
+            status = "failed"
+        elif engine == "degraded" and status == "ready":
+            status = "degraded"
         load = getattr(ctx.studio, "load", None)  # the engine's schedulers: requests waiting for a slot
         engine_queued = load()["queued"] if load is not None else 0
         body = {"status": status, "running": max(0, ctx.runner.running - engine_queued),
                 "queued": ctx.runner.queue_length + engine_queued, "admitted": ctx.admission.active,
                 "capacity": ctx.admission.capacity, "uptime_seconds": round(time.time() - ctx.started, 1)}
+        if reason:
+            body["reason"] = reason
         return JSONResponse(body, status_code=503 if status in ("draining", "failed") else 200)
 
 

@@ -30,6 +30,9 @@ def test_readiness_says_starting_until_the_warm_up_ends() -> None:
     assert r.status == "starting" and r.seconds is None and not r.wait(0)
     r.finish()
     assert r.status == "ready" and r.seconds is not None and r.wait(0)
+    failed = Readiness()
+    failed.finish("v2 (a.pth): PoolAllocationError: out of memory")
+    assert failed.status == "degraded" and failed.done and "out of memory" in failed.error
     assert Readiness(ready=True).status == "ready"
 
 
@@ -52,14 +55,15 @@ def test_warm_up_loads_the_configured_set_and_synthesises_once() -> None:
     assert audio.size > 0 and studio.pool.stats().loads == loads
 
 
-def test_a_failed_warm_up_still_ends_ready(tmp_path) -> None:
+def test_a_failed_warm_up_ends_degraded_with_the_reason(tmp_path) -> None:
     config = load_config(model_config("v2"))
     broken = WeightSet.from_config(config).replace(sovits=tmp_path / "missing.pth")
     studio = Studio(broken, resolve_runtime("cpu", "fp32"))
     readiness = Readiness()
     thread = warm_up_in_background(studio, readiness)
     assert isinstance(thread, threading.Thread)
-    assert readiness.wait(120) and readiness.status == "ready" and "missing.pth" in readiness.error
+    assert readiness.wait(120) and readiness.status == "degraded" and "missing.pth" in readiness.error
+    assert readiness.done
 
 
 def test_configured_sets_are_the_active_one_and_other_sections_of_the_file(tmp_path) -> None:
