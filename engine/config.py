@@ -1,7 +1,9 @@
 """The official ``tts_infer.yaml`` format: read, validate, resolve. Never written back.
 
 A file has version sections (``v1 v2 v2Pro v2ProPlus v3 v4``) and an optional ``custom`` section,
-each with the seven official keys. Sections in the file replace the built-in defaults section by
+each with the seven official keys. ``device`` and ``is_half`` may be left out (or ``device: auto``): the engine
+then picks the device itself (cuda, then mps, then cpu) and the precision to match (``engine.runtime``); a device
+the file names stays its choice. Sections in the file replace the built-in defaults section by
 section; the active section is ``custom`` when present, else ``v2`` (official ``TTS.py``
 ``TTS_Config.__init__``). Paths that are
 empty or missing fall back to the same key of the active version's section, as the official code does.
@@ -90,13 +92,13 @@ KNOB_KEYS = {k.key: k for k in KNOBS}
 class Section:
     """One section of ``tts_infer.yaml``: the seven official keys and our optional extensions."""
 
-    device: str
-    is_half: bool
     version: str
     t2s_weights_path: str
     vits_weights_path: str
     bert_base_path: str
     cnhuhbert_base_path: str
+    device: str = "auto"  # cpu, cuda, cuda:N, mps; auto (or left out): cuda, then mps, then cpu
+    is_half: bool | None = None  # None (left out): the precision that suits the device (engine.runtime)
     # SoVITS Studio extensions (optional in files; the official code ignores nothing else, so
     # files using them are ours).
     vocoder_backend: str = "torch"  # torch | coreml (coreml only takes effect on macOS)
@@ -118,8 +120,10 @@ class Section:
 _EXTENSION_KEYS = {"vocoder_backend", "vocoder_path", "sv_weights_path", "vocoder_coreml_package",
                    "max_tokens_per_sentence", "random_weights", "g2pw_model_path"}
 G2PW_FOLDER = Path("GPT_SoVITS/text/G2PWModel")  # official chinese2.py's model_dir (relative to its root)
-_OFFICIAL_KEYS = {f.name for f in fields(Section)} - _EXTENSION_KEYS - {"precision", "stage_precisions", "knobs"}
-_KEY_TYPES: dict[str, type] = {f.name: {"bool": bool, "int": int}.get(str(f.type), str)
+_AUTO_KEYS = {"device", "is_half"}  # official keys that may be left out: the engine picks (engine.runtime)
+_OFFICIAL_KEYS = ({f.name for f in fields(Section)} - _EXTENSION_KEYS - _AUTO_KEYS
+                  - {"precision", "stage_precisions", "knobs"})
+_KEY_TYPES: dict[str, type] = {f.name: {"bool": bool, "bool | None": bool, "int": int}.get(str(f.type), str)
                                for f in fields(Section) if f.name not in ("stage_precisions", "knobs")}
 _KNOWN_KEYS = set(_KEY_TYPES) | set(KNOB_KEYS)
 
@@ -183,6 +187,8 @@ def _parse_section(name: str, raw: Any, where: str) -> Section:
             knobs.append((key, _parse_knob(KNOB_KEYS[key], value, f"{where}: key {name}")))
             continue
         want = _KEY_TYPES[key]
+        if value is None and key in _AUTO_KEYS:  # `device:` / `is_half:` with no value: the engine picks
+            continue
         if value is None and want is str:
             value = ""
         if not isinstance(value, want) or (want is not bool and isinstance(value, bool)) or (want is int and value < 0):

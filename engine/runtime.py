@@ -3,7 +3,9 @@
 ``resolve_runtime`` looks at the machine once (through a :class:`DeviceProbe` that tests fake) and
 returns a frozen :class:`Runtime`. Loaders apply it once (``module.to(rt.device, rt.dtype_for(stage))``);
 everything else asks tensors and modules for their device and dtype. ``runtime_for_config`` maps a
-``tts_infer.yaml`` section (``device``, ``is_half`` and the optional ``precision`` key) onto it.
+``tts_infer.yaml`` section (``device``, ``is_half`` and the optional ``precision`` key) onto it: a section without
+a device (or ``device: auto``) gets the best one here (cuda, then mps, then cpu) and, without ``is_half``, the
+precision that suits it; a device the section names stays its choice.
 
 :class:`DeviceFallback` reruns a whole stage on the CPU when the accelerator lacks one of its
 operators (MPS), remembers the stage and counts it; :class:`CpuFallback` does the same for a
@@ -187,26 +189,30 @@ def runtime_from_official(device: str, is_half: bool, probe: DeviceProbe | None 
     return resolve_runtime(device, "fp16" if is_half else "fp32", probe=probe)
 
 
-def section_precision(is_half: bool, device: torch.device) -> str:
-    """What a section's ``is_half`` means on ``device``: fp32 when false; when true fp16, except on MPS,
-    where it means the ``auto`` policy (fp16 with the vocoders kept in fp32)."""
+def section_precision(is_half: bool | None, device: torch.device) -> str:
+    """What a section's ``is_half`` means on ``device``: None (not set) the ``auto`` policy of the device; fp32
+    when false; when true fp16, except on MPS, where it means the ``auto`` policy (fp16 with the vocoders kept in
+    fp32)."""
+    if is_half is None:
+        return "auto"
     if not is_half:
         return "fp32"
     return "auto" if device.type == "mps" else "fp16"
 
 
-def runtime_for_config(device: str, is_half: bool, override_device: str | None = None,
+def runtime_for_config(device: str | None, is_half: bool | None, override_device: str | None = None,
                        override_precision: str | None = None, probe: DeviceProbe | None = None,
                        precision: str | None = None,
                        stage_precisions: Mapping[str, str] | None = None) -> tuple[Runtime, str]:
     """The runtime of a config section with command-line overrides, and a notice ("" if none).
 
-    Device: a device named on the command line must exist. A device named only by the config that this
-    machine lacks (the shipped official config asks for CUDA) falls back to ``auto``, and the notice
-    says so, so a server or page still starts on a machine without that device.
+    Device: a device named on the command line must exist. ``auto``, "" or None (a section without a
+    ``device``, as the shipped configs/tts_infer.yaml) picks cuda, then mps, then cpu, with no notice. A device
+    named only by the config that this machine lacks (the official tts_infer.yaml asks for CUDA) falls back to
+    ``auto``, and the notice says so, so a server or page still starts on a machine without that device.
 
     Precision, first match wins: the command line (``override_precision``), the section's
-    ``precision`` key, then ``is_half`` (see :func:`section_precision`). The section's per-stage keys
+    ``precision`` key, then ``is_half`` (see :func:`section_precision`; None: ``auto``). The section's per-stage keys
     (``stage_precisions``, e.g. ``{"vocoder": "fp32"}``) then set single stages.
     """
     probe = probe_devices() if probe is None else probe

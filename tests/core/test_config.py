@@ -14,14 +14,63 @@ from tests.support.paths import REPO
 SHIPPED = REPO / "configs" / "tts_infer.yaml"
 
 
-def test_shipped_config_is_the_official_file(shared_dir: Path) -> None:
+def _official_from_shipped() -> dict:
+    """The official tts_infer.yaml: the shipped file with the device and is_half of the official `custom` section."""
+    doc = yaml.safe_load(SHIPPED.read_text())
+    doc["custom"].update(device="cuda", is_half=True)
+    return doc
+
+
+def test_shipped_config_is_the_official_file_but_for_the_device(shared_dir: Path, tmp_path: Path) -> None:
+    """The shipped file is the official one, except that `custom` names no device and no is_half (the engine picks
+    them); the official file, unchanged, still loads and keeps its explicit device and precision."""
     official = shared_dir / "spec" / "data" / "tts_infer.yaml"
     if official.exists():
-        assert yaml.safe_load(SHIPPED.read_text()) == yaml.safe_load(official.read_text())
+        assert _official_from_shipped() == yaml.safe_load(official.read_text())
     cfg = load_config(SHIPPED)
-    assert cfg.active_name == "custom"
-    assert cfg.active.version == "v2" and cfg.active.is_half is True and cfg.active.device == "cuda"
-    assert set(cfg.sections) == {"custom", *VERSIONS}
+    assert cfg.active_name == "custom" and set(cfg.sections) == {"custom", *VERSIONS}
+    assert cfg.active.version == "v2" and cfg.active.is_half is None and cfg.active.device == "auto"
+    (tmp_path / "official.yaml").write_text(yaml.safe_dump(_official_from_shipped()))
+    explicit = load_config(tmp_path / "official.yaml").active
+    assert explicit.device == "cuda" and explicit.is_half is True
+
+
+def test_the_shipped_config_picks_the_device_and_precision_itself(capsys, tmp_path: Path) -> None:
+    """cuda, then mps, then cpu, with the precision to match, and no word about CUDA on a Mac or a CPU box; an
+    explicit device (the official file's cuda) stays explicit: on a machine without it, a notice says so."""
+    import argparse
+
+    import torch
+
+    from engine.runtime import DeviceProbe, runtime_for_config
+    from studio.cli.bootstrap import build_studio
+
+    h200 = DeviceProbe(cuda_count=1, cuda_capability=(9, 0), cuda_name="NVIDIA H200", cuda_bf16=True)
+    f16, f32 = torch.float16, torch.float32
+    active = load_config(SHIPPED).active
+    for probe, device, t2s, vocoder in ((DeviceProbe(), "cpu", f32, f32), (DeviceProbe(mps=True), "mps", f16, f32),
+                                        (h200, "cuda:0", f16, f16)):
+        rt, notice = runtime_for_config(active.device, active.is_half, probe=probe)
+        assert (str(rt.device), rt.dtype_for("t2s"), rt.dtype_for("vocoder"), notice) == (device, t2s, vocoder, "")
+    rt, notice = runtime_for_config("cuda", True, probe=DeviceProbe())  # the official file on a laptop
+    assert str(rt.device) == "cpu" and "asks for device 'cuda'" in notice
+    assert runtime_for_config("cpu", None, probe=h200)[0].device.type == "cpu"  # a named device stays
+    # the real machine (a CPU box here): nothing printed about CUDA
+    studio = build_studio(load_config(SHIPPED, base_dir=tmp_path), argparse.Namespace(device=None, precision=None),
+                          warmup=False, scheduler=False)
+    expected = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+    assert studio.runtime.device.type == expected and studio.device_notice == ""
+    assert "cuda" not in capsys.readouterr().err.lower() or expected == "cuda"
+
+
+def test_device_and_is_half_may_be_left_out_or_auto() -> None:
+    base = {"version": "v2", "t2s_weights_path": "", "vits_weights_path": "", "bert_base_path": "",
+            "cnhuhbert_base_path": ""}
+    for section in (base, dict(base, device="auto"), dict(base, device=None, is_half=None)):
+        active = parse_config({"custom": section}).active
+        assert active.device in ("auto", "") and active.is_half is None
+    with pytest.raises(ConfigError, match="is_half must be true/false"):
+        parse_config({"custom": dict(base, is_half="yes")})
 
 
 def test_loading_never_rewrites_the_file(tmp_path: Path) -> None:

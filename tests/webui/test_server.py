@@ -257,8 +257,8 @@ def test_the_page_opens_when_weights_are_missing(tmp_path) -> None:
 
 
 def test_the_readme_main_command_brings_the_page_up(tmp_path) -> None:
-    """`sovits-studio webui` from the repository root: the shipped config (CUDA, official weights, neither
-    here) still gives a page that says what is missing and which device runs; Ctrl+C stops it."""
+    """`sovits-studio webui` from the repository root: the shipped config (the device picked here, official
+    weights, not here) still gives a page that says what is missing and which device runs; Ctrl+C stops it."""
     import os
     import signal
     import subprocess
@@ -285,8 +285,8 @@ def test_the_readme_main_command_brings_the_page_up(tmp_path) -> None:
         assert "Weights are missing" in text and "s2G2333k.pth" in text
         import torch
 
-        if not torch.cuda.is_available():  # the shipped config asks for cuda: the page says what runs instead
-            assert "lacks" in text and "`cpu`" in text
+        if not torch.cuda.is_available():  # the shipped config picks the device: the page says which, no cuda
+            assert "lacks" not in text and "`cpu`" in text
         assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=30).json()["status"] in ("starting", "ready")
     finally:
         proc.send_signal(signal.SIGINT)  # what Ctrl+C sends
