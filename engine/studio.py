@@ -106,16 +106,11 @@ class Studio:
                                              stage_precisions=dict(active.stage_precisions))
         studio = cls(WeightSet.from_config(cfg).with_vocoder_backend(vocoder_backend), runtime, settings, **kwargs)
         studio.device_notice = notice
-        if active.version != "v1":  # the official v1 frontend never uses G2PW
-            from engine.text.chinese import (
-                g2pw_fetch_command,
-                g2pw_notice,
-                g2pw_problem,
-            )
+        from engine.text.chinese import g2pw_fix, g2pw_notice
 
-            if problem := g2pw_problem(studio.default_weights.g2pw_folder()):
-                studio.g2pw_notice = g2pw_notice(problem, cfg.base_dir)
-                studio.g2pw_fix = (problem, g2pw_fetch_command(cfg.base_dir))
+        studio.g2pw_fix = g2pw_fix(active.version, studio.default_weights.g2pw_folder(), cfg.base_dir)
+        if studio.g2pw_fix[0]:
+            studio.g2pw_notice = g2pw_notice(studio.g2pw_fix[0], cfg.base_dir)
         studio.config_notices = tuple(cfg.problems())
         for problem in studio.config_notices:
             log.warning("config %s: %s", cfg.source, problem)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import html
 import inspect
 import json
 from dataclasses import dataclass, field
@@ -389,7 +390,9 @@ def _notice(studio, settings: UISettings, locale: str) -> str:
     problem, command = getattr(studio, "g2pw_fix", ("", ""))
     if problem:  # server paths never reach the page: the model folder is named, not shown
         base = str(studio.default_weights.base_dir)
-        lines.append(i18n.text("g2pw_missing", locale, problem=problem.replace(base, "<model folder>"),
+        # markdown would take a bare <model folder> for an HTML tag and drop it (and the sentence after it): the
+        # problem (prose) is escaped; the command is a code span, where it shows as written
+        lines.append(i18n.text("g2pw_missing", locale, problem=html.escape(problem.replace(base, "<model folder>")),
                                command=command.replace(base, "<model folder>")))
     if settings.random_weights:
         tokens = settings.max_tokens_per_sentence or 0

@@ -172,6 +172,15 @@ def incomplete_weights_warning(config) -> str:
             f"still work.")
 
 
+def g2pw_note(config) -> str:
+    """The note a front door prints when the config's v2+ Mandarin runs without G2PW ("" when it runs with it): the
+    same words `build_studio` prints, for commands that build no engine here (cluster: its replicas do)."""
+    from engine.text.chinese import g2pw_fix, g2pw_notice
+
+    problem, _ = g2pw_fix(config.active.version, config.g2pw_folder(), config.base_dir)
+    return f"note: {g2pw_notice(problem, config.base_dir)}" if problem else ""
+
+
 def build_studio(config, args: argparse.Namespace, reference_rules=None, **settings):
     """The engine for ``config`` with the command's ``--device``/``--precision``, the knobs (flags over the
     config's keys) and ``EngineSettings`` fields given here.

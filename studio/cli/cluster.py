@@ -101,14 +101,14 @@ def run(args: argparse.Namespace) -> int:
     import threading
     import time
 
-    from studio.cli.bootstrap import incomplete_weights_warning
+    from studio.cli.bootstrap import g2pw_note, incomplete_weights_warning
     from studio.cluster.launch import deploy
 
     start = time.monotonic()
     config = config_from_args(args)
     engine_config = config.engine_config()
     for notice in (incomplete_weights_warning(engine_config),
-                   *(f"warning: {p}" for p in engine_config.problems())):
+                   *(f"warning: {p}" for p in engine_config.problems()), g2pw_note(engine_config)):
         if notice:
             print(notice, file=sys.stderr)
     cluster = deploy(config)

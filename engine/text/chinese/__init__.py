@@ -87,6 +87,15 @@ def g2pw_fetch_command(root: str | Path) -> str:
     return f"sovits-studio download --g2pw --root {root}"
 
 
+def g2pw_fix(version: str, folder: str | Path, root: str | Path) -> tuple[str, str]:
+    """(why v2+ Mandarin runs without G2PW here, the command that fetches it); ("", "") when G2PW runs, and for v1
+    (the official v1 frontend never uses G2PW). Every front door (synth, serve, webui, cluster) says it from this."""
+    if version == "v1":
+        return "", ""
+    problem = g2pw_problem(folder)
+    return (problem, g2pw_fetch_command(root)) if problem else ("", "")
+
+
 def g2pw_notice(problem: str, root: str | Path) -> str:
     """The one-time notice of a front door whose v2+ Mandarin runs without G2PW (``problem``: see g2pw_problem)."""
     return (f"Mandarin polyphones are read with pypinyin, not G2PW as the official v2+ frontend does ({problem}); "
