@@ -72,6 +72,7 @@ class Studio:
         self._default_models: Callable[[], Models | None] = lambda: None  # weak: the default set, once loaded
         self._defaults = weights
         self.device_notice = ""  # set by from_config when the config's device was not available
+        self.vocoder_notice = ""  # set by from_config when Core ML was asked for but cannot run on this machine
         self.g2pw_notice = ""  # set by from_config when v2+ Mandarin runs without G2PW (says how to fetch it)
         self.g2pw_fix: tuple[str, str] = ("", "")  # (why G2PW is not used, the command that fetches it)
         self._lock = threading.Lock()
@@ -104,14 +105,30 @@ class Studio:
         runtime, notice = runtime_for_config(active.device, active.is_half, device, precision,
                                              precision=active.precision or None,
                                              stage_precisions=dict(active.stage_precisions))
-        studio = cls(WeightSet.from_config(cfg).with_vocoder_backend(vocoder_backend), runtime, settings, **kwargs)
+        weights = WeightSet.from_config(cfg).with_vocoder_backend(vocoder_backend)
+        vocoder_notice = ""
+        if weights.wants_coreml():  # said once here, not at every vocoder load: this machine cannot run Core ML
+            from engine.acoustic import vocoder_backend as backends
+
+            if why := backends.coreml_unavailable():
+                from engine.runtime import PRECISIONS
+
+                asked = ("--vocoder-backend coreml" if vocoder_backend == "coreml"
+                         else "the config's vocoder_backend: coreml")
+                weights = weights.with_vocoder_backend("torch")
+                vocoder_precision = {v: k for k, v in PRECISIONS.items()}[runtime.dtype_for("vocoder")]
+                vocoder_notice = (f"{asked} is not used: {why}; the torch vocoder runs instead, on "
+                                  f"{runtime.device} ({vocoder_precision})")  # the front doors print it, once
+        studio = cls(weights, runtime, settings, **kwargs)
         studio.device_notice = notice
+        studio.vocoder_notice = vocoder_notice
         from engine.text.chinese import g2pw_fix, g2pw_notice
 
         studio.g2pw_fix = g2pw_fix(active.version, studio.default_weights.g2pw_folder(), cfg.base_dir)
         if studio.g2pw_fix[0]:
             studio.g2pw_notice = g2pw_notice(studio.g2pw_fix[0], cfg.base_dir)
-        studio.config_notices = tuple(cfg.problems())
+        studio.config_notices = tuple(p for p in cfg.problems()  # the vocoder notice says it all when Core ML is out
+                                      if not (vocoder_notice and "vocoder_backend is 'coreml'" in p))
         for problem in studio.config_notices:
             log.warning("config %s: %s", cfg.source, problem)
         return studio

@@ -54,6 +54,18 @@ def coremltools_available() -> bool:
     return True
 
 
+def coreml_unavailable(system: str | None = None, coremltools_ok: bool | None = None) -> str:
+    """Why no Core ML vocoder can run on this machine at all ("" when one can, given a package): off macOS, or
+    without coremltools. ``system``/``coremltools_ok`` default to the real machine (coremltools is imported only
+    on macOS)."""
+    system = current_system() if system is None else system
+    if system != "Darwin":
+        return f"Core ML runs only on macOS (this is {system or 'an unknown system'})"
+    if not (coremltools_available() if coremltools_ok is None else coremltools_ok):
+        return "coremltools is not installed (pip install coremltools, or the [coreml] extra)"
+    return ""
+
+
 def decide_backend(requested: str, system: str, coremltools_ok: bool, package: str | None) -> BackendDecision:
     """Pure decision: ``requested`` in BACKENDS, ``system`` as ``platform.system()``."""
     if requested not in BACKENDS:

@@ -132,6 +132,12 @@ class WeightSet:
         return (self.setting("vocoder_backend", version) or self.vocoder_backend,
                 self.setting("vocoder_coreml_package", version) or self.vocoder_package)
 
+    def wants_coreml(self) -> bool:
+        """Whether any version is set to the Core ML backend (the flag or the config's keys)."""
+        from engine.versions import VERSIONS
+
+        return any(self.backend(v)[0] == "coreml" for v in VERSIONS)
+
     def coreml_decoders(self) -> tuple[tuple[str, str], ...]:
         """(version, package) of the v1/v2/v2Pro* versions whose HiFi-GAN decoder should run in Core ML."""
         from engine.versions import DIRECT_VERSIONS

@@ -197,7 +197,7 @@ def build_studio(config, args: argparse.Namespace, reference_rules=None, **setti
                                 precision=getattr(args, "precision", None),
                                 settings=engine_settings(config, args, **settings),
                                 vocoder_backend=getattr(args, "vocoder_backend", None), **extra)
-    for notice in (studio.device_notice, *studio.config_notices):
+    for notice in (studio.device_notice, studio.vocoder_notice, *studio.config_notices):
         if notice:
             print(f"warning: {notice}", file=sys.stderr)
     if studio.g2pw_notice:
