@@ -1,5 +1,6 @@
-"""The process environment: what must be set before torch is imported (no torch import here), and the
-open-files limit (one descriptor per socket) that a server or a load test raises to fit its connections."""
+"""The process environment: what must be set before torch is imported (no torch import here), the libraries'
+progress bars and chatter (:func:`quiet_libraries`, called by the front doors), and the open-files limit (one
+descriptor per socket) that a server or a load test raises to fit its connections."""
 
 from __future__ import annotations
 
@@ -21,6 +22,37 @@ def enable_mps_fallback(environ: MutableMapping[str, str] | None = None, platfor
         return False
     environ.setdefault(MPS_FALLBACK_VAR, "1")
     return environ[MPS_FALLBACK_VAR] == "1"
+
+
+HUB_BARS_VAR = "HF_HUB_DISABLE_PROGRESS_BARS"  # read by huggingface_hub (and so transformers) when imported
+
+
+def quiet_libraries(verbose: bool = False) -> None:
+    """A front door's output without the libraries' loading chatter: no transformers / huggingface_hub progress
+    bars ("Loading weights") and no jieba dictionary messages ("Building prefix dict"); ``verbose`` turns the bars
+    back on. Call before the engine loads models, in every process that loads them (a cluster replica too)."""
+    import logging
+
+    if verbose:
+        if "transformers" in sys.modules:
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.enable_progress_bar()
+        return
+    os.environ.setdefault(HUB_BARS_VAR, "1")  # read when huggingface_hub / transformers are imported
+    if "transformers" in sys.modules:  # already imported (a test, an embedding program): tell it directly
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    jieba = logging.getLogger("jieba")  # jieba logs its dictionary load at DEBUG, and sets that level on import
+    if _warnings_only not in jieba.filters:
+        jieba.addFilter(_warnings_only)
+
+
+def _warnings_only(record) -> bool:
+    import logging
+
+    return record.levelno >= logging.WARNING
 
 
 def torch_already_imported() -> bool:

@@ -10,7 +10,7 @@ from engine.versions import VERSIONS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from studio.cli.bootstrap import add_device_arguments
+    from studio.cli.bootstrap import add_device_arguments, add_verbose_argument
 
     src = parser.add_mutually_exclusive_group()
     src.add_argument("--random-weights", metavar="VERSION", choices=VERSIONS, default="v2ProPlus",
@@ -29,10 +29,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--t2s-decoder", default="auto", choices=("auto", "fast", "reference", "int8"),
                         help="T2S decoder (int8: opt-in CPU quantisation)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_verbose_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     from studio.bench import REF_TEXT, BenchConfig, format_report, run_benchmark
+    from studio.cli.bootstrap import quiet_libraries
+
+    quiet_libraries(args.verbose)
 
     tokens = args.tokens or (20 if args.tiny else 500)
     repeats = args.repeats or (1 if args.tiny else 3)

@@ -109,25 +109,9 @@ def add_verbose_argument(parser: argparse.ArgumentParser) -> None:
 def quiet_libraries(verbose: bool) -> None:
     """Unless ``verbose``: no transformers / huggingface_hub progress bars ("Loading weights") and no jieba
     dictionary messages ("Building prefix dict") in the command's output. Call before the engine loads."""
-    import logging
-    import os
+    from engine.platform_env import quiet_libraries as quiet
 
-    if verbose:
-        return
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # read when transformers is imported
-    if "transformers" in sys.modules:  # already imported (a test, an embedding program): tell it directly
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
-    jieba = logging.getLogger("jieba")  # jieba logs its dictionary load at DEBUG, and sets that level on import
-    if _warnings_only not in jieba.filters:
-        jieba.addFilter(_warnings_only)
-
-
-def _warnings_only(record) -> bool:
-    import logging
-
-    return record.levelno >= logging.WARNING
+    quiet(verbose)
 
 
 def add_knob_arguments(parser: argparse.ArgumentParser, *, warmup: bool = False) -> None:

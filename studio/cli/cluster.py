@@ -11,7 +11,7 @@ CLUSTER_CONFIG = "configs/cluster.yaml"  # read when --cluster-config is not giv
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from studio.cli.bootstrap import PRECISIONS, add_knob_arguments
+    from studio.cli.bootstrap import PRECISIONS, add_knob_arguments, add_verbose_argument
     from studio.cluster.config import ClusterConfig as C
 
     def flag(*names: str, **kw) -> None:
@@ -59,6 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     flag("--dashboard-port", type=int, help=f"port of that dashboard (default {C.dashboard_port}, where `serve "
                                             f"status` looks; a free one if taken)")
     add_knob_arguments(parser, warmup=True)
+    add_verbose_argument(parser)
 
 
 def config_from_args(args: argparse.Namespace):
@@ -101,9 +102,10 @@ def run(args: argparse.Namespace) -> int:
     import threading
     import time
 
-    from studio.cli.bootstrap import g2pw_note, incomplete_weights_warning
+    from studio.cli.bootstrap import g2pw_note, incomplete_weights_warning, quiet_libraries
     from studio.cluster.launch import deploy
 
+    quiet_libraries(args.verbose)  # here, and in each replica (ClusterConfig.verbose)
     start = time.monotonic()
     config = config_from_args(args)
     engine_config = config.engine_config()

@@ -49,6 +49,7 @@ class ClusterConfig:
     device: str | None = None  # None: the config's
     precision: str | None = None
     vocoder_backend: str | None = None  # torch | coreml for every version; None: the config's
+    verbose: bool = False  # replicas print the libraries' loading bars and messages (--verbose)
     # -- server limits (as `serve`)
     voices_dir: str = "voices"  # saved voices, shared by every replica (a folder on shared storage)
     reference_dirs: tuple[str, ...] = ()  # folders ref_audio_path may name; empty: the working folder

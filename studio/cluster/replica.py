@@ -51,9 +51,11 @@ class Synthesizer:
     async def __init__(self, config: "ClusterConfig", state: Any) -> None:
         from ray import serve
 
+        from engine.platform_env import quiet_libraries
         from engine.studio import Studio
         from studio.http.app import create_app
 
+        quiet_libraries(config.verbose)  # a process of its own: no loading bars in the driver's log either
         self.config = config
         self.state = state  # DeploymentHandle of ClusterState
         engine_config = config.engine_config()
