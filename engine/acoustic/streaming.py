@@ -12,10 +12,12 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.profiler import record_function
 
 from engine.models.sovits_modules import sequence_mask
 
@@ -374,12 +376,14 @@ def voice_latents(sovits, y: torch.Tensor, lengths: torch.Tensor, noise: torch.T
     right-padded rows: y (B, hidden, W), lengths (B,), noise (B, hidden, W), ge (B, gin, 1) -> (audio (B,
     W * upsampling),). Device work only, of fixed shapes (a CUDA graph can hold it)."""
     enc = sovits.enc_p
-    mask = sequence_mask(lengths, y.shape[-1]).unsqueeze(1).to(y.dtype)
-    stats = enc.proj(y) * mask
-    m_p, logs_p = torch.split(stats, enc.out_channels, dim=1)
-    z_p = m_p + noise * torch.exp(logs_p) * noise_scale
-    z = sovits.flow.reverse(z_p, mask, g=ge)
-    return (sovits.dec(z * mask, g=ge, mask=mask)[:, 0],)
+    with record_function("acoustic.prior_flow"):
+        mask = sequence_mask(lengths, y.shape[-1]).unsqueeze(1).to(y.dtype)
+        stats = enc.proj(y) * mask
+        m_p, logs_p = torch.split(stats, enc.out_channels, dim=1)
+        z_p = m_p + noise * torch.exp(logs_p) * noise_scale
+        z = sovits.flow.reverse(z_p, mask, g=ge)
+    with record_function("acoustic.hifigan"):
+        return (sovits.dec(z * mask, g=ge, mask=mask)[:, 0],)
 
 
 class AcousticGraphs:
@@ -525,6 +529,45 @@ def decode_streaming_batch(sovits, rows: Sequence[dict], noise_scale: float = 0.
     """
     if not rows:
         return []
+    with record_function("acoustic.host_numbers"):
+        batch = _batch_inputs(sovits, rows, buckets)
+    with record_function("acoustic.encoders"):
+        y = graphs.encode(*batch.inputs) if graphs is not None else encode_prefixes(sovits, *batch.inputs)[0]
+    with record_function("acoustic.crop_noise"):
+        crop, noise = _crop_and_noise(sovits, rows, batch, y)
+    out: list = [None] * len(rows)
+    ge, out_lengths = batch.inputs[4], batch.out_lengths
+    for (rows_in, w), idx in zip(batch.batches, batch.picks):
+        with record_function("acoustic.voice"):
+            sub = (crop.index_select(0, idx)[:, :, :w], out_lengths.index_select(0, idx),
+                   noise.index_select(0, idx)[:, :, :w], ge.index_select(0, idx))
+            audio = (graphs.voice(*sub, noise_scale=noise_scale) if graphs is not None
+                     else voice_latents(sovits, *sub, noise_scale)[0])
+        up = audio.shape[-1] // w
+        for k, i in enumerate(rows_in):
+            out[i] = (audio[k, : batch.n_out[i] * up], crop[i : i + 1, :, : batch.n_out[i]])
+    return out
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """A batched decode's inputs on the device (from one host-to-device copy) and its plan."""
+
+    inputs: tuple  # (codes (b, N), text (b, P), lengths (b,), text lengths (b,), ge (b, gin, 1)): the encoders'
+    out_lengths: torch.Tensor  # (b,) output frames of each row's crop
+    starts: torch.Tensor  # (b,) where each row's crop starts in its encoded frames
+    n_out: list[int]  # output frames of each real row
+    w_out: int  # output frames of the widest (bucketed) crop
+    batches: list[tuple[list[int], int]]  # voice_batches: (row indices, padded width)
+    picks: list[torch.Tensor]  # each sub-batch's rows (padded with repeats of its first), on the device
+    overlaps: list  # each row's previous latent (1, hidden, ov) or None
+    fade: tuple[list[int], torch.Tensor] | None  # _fade_index's sizes and index (on the device), when any overlap
+    drawn: torch.Tensor  # (real, w_out) where each row's noise is in the rows' draws side by side
+
+
+def _batch_inputs(sovits, rows: Sequence[dict], buckets: bool) -> _Batch:
+    """The host side of :func:`decode_streaming_batch`: shapes, buckets and every host number of the round, sent to
+    the device in one copy."""
     dev = sovits.enc_p.proj.weight.device
     dtype = sovits.enc_p.proj.weight.dtype
     frame = 2 if sovits.dims.semantic_frame_rate == "25hz" else 1
@@ -564,8 +607,16 @@ def decode_streaming_batch(sovits, rows: Sequence[dict], noise_scale: float = 0.
     lengths, text_lengths, out_lengths, starts = grid[:, -4], grid[:, -3], grid[:, -2], grid[:, -1]
     ges = [r["ge"].to(dtype) for r in rows]
     ge = torch.cat(ges + ges[:1] * (b - real))  # (b, gin, 1)
-    inputs = (codes, text, lengths, text_lengths, ge)
-    y = graphs.encode(*inputs) if graphs is not None else encode_prefixes(sovits, *inputs)[0]  # (b, hidden, T)
+    return _Batch((codes, text, lengths, text_lengths, ge), out_lengths, starts, n_out, w_out, batches, picks,
+                  overlaps, (sizes, fade) if faded else None, drawn)
+
+
+def _crop_and_noise(sovits, rows: Sequence[dict], batch: _Batch, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each real row's newest frames of the encoded prefixes ``y`` (b, hidden, T), cross-faded with its previous
+    latent, and its noise draws (its generator, as alone), both (real, channels, w_out), zero past a row's crop."""
+    dev, dtype = y.device, sovits.enc_p.proj.weight.dtype
+    real, w_out = len(rows), batch.w_out
+    lengths, out_lengths, starts = batch.inputs[2], batch.out_lengths, batch.starts
     # each row's newest frames: w_out frames gathered from its crop start, those past its crop zeroed
     hidden = y.shape[1]
     j = torch.arange(w_out, device=dev)
@@ -573,23 +624,14 @@ def decode_streaming_batch(sovits, rows: Sequence[dict], noise_scale: float = 0.
     keep = inside.to(y.dtype)
     index = torch.minimum(starts[:real].unsqueeze(1) + j.unsqueeze(0), lengths[:real].unsqueeze(1) - 1)
     crop = torch.gather(y[:real], 2, index.unsqueeze(1).expand(real, hidden, w_out)) * keep
-    if faded:
-        crop = _cross_fade(crop, overlaps, sizes, fade)
+    if batch.fade is not None:
+        crop = _cross_fade(crop, batch.overlaps, *batch.fade)
     channels = sovits.enc_p.out_channels
     # each row's own draws (its generator, as alone), side by side in time, then gathered into the padded batch
-    draws = torch.cat([torch.randn((1, channels, n_out[i]), generator=rows[i]["generator"], device=dev,
+    draws = torch.cat([torch.randn((1, channels, batch.n_out[i]), generator=rows[i]["generator"], device=dev,
                                    dtype=dtype)[0] for i in range(real)], dim=1)  # (channels, sum of n_out)
-    noise = torch.where(inside, draws[:, drawn].transpose(0, 1), 0)  # (B, channels, W), zero past a row's end
-    out: list = [None] * real
-    for (rows_in, w), idx in zip(batches, picks):
-        sub = (crop.index_select(0, idx)[:, :, :w], out_lengths.index_select(0, idx),
-               noise.index_select(0, idx)[:, :, :w], ge.index_select(0, idx))
-        audio = (graphs.voice(*sub, noise_scale=noise_scale) if graphs is not None
-                 else voice_latents(sovits, *sub, noise_scale)[0])
-        up = audio.shape[-1] // w
-        for k, i in enumerate(rows_in):
-            out[i] = (audio[k, : n_out[i] * up], crop[i : i + 1, :, : n_out[i]])
-    return out
+    noise = torch.where(inside, draws[:, batch.drawn].transpose(0, 1), 0)  # (B, channels, W), zero past a row's end
+    return crop, noise
 
 
 STREAM_MIN_CHUNK = 10  # official: a non-first streaming chunk shorter than this gets extra overlap
@@ -729,8 +771,10 @@ def finish_together(streams: Sequence[SentenceStream], plans: Sequence[dict],
         else:
             joins.setdefault((stream.overlap_size, crop.dtype, crop.device), []).append(k)
     for (size, _, _), ks in joins.items():
-        for k, played in zip(ks, sola_chunks([streams[k].last_audio for k in ks], [crops[k] for k in ks], size)):
-            out[k] = played
+        with record_function("acoustic.sola"):
+            played = sola_chunks([streams[k].last_audio for k in ks], [crops[k] for k in ks], size)
+        for k, audio in zip(ks, played):
+            out[k] = audio
     for stream, crop, (_, latent) in zip(streams, crops, decoded):
         stream.last_latent, stream.last_audio = latent, crop
     return out

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.profiler import record_function
 
 from engine.acoustic.streaming import ChunkTracker
 from engine.errors import BusyError, EngineError
@@ -864,7 +865,8 @@ class Scheduler:
                 with torch.inference_mode():
                     audios = voice_together([j[4] for j in chunks], [j[3] for j in chunks], buckets=buckets,
                                             sentences=self._sentence_rows(wholes), graphs=self.acoustic_graphs)
-                    audios = tensors_to_host(audios, self.models.device)  # one copy, one wait
+                    with record_function("acoustic.to_host"):
+                        audios = tensors_to_host(audios, self.models.device)  # one copy, one wait
             except Exception as e:
                 log.exception("acoustic stage failed")
                 self._event("acoustic_failure")
@@ -873,10 +875,11 @@ class Scheduler:
                     j[1].cancel()
                 audios = None
             if audios is not None:
-                for (_, request, sentence, (toks, final), _), audio in zip(chunks, audios):
-                    self._put_chunk(request, sentence, toks, final, audio)
-                for (_, request, sentence, out, _), audio in zip(wholes, audios[len(chunks):]):
-                    self._put_sentence(request, sentence, out, audio)
+                with record_function("acoustic.deliver"):  # peak normalisation, pieces to their requests
+                    for (_, request, sentence, (toks, final), _), audio in zip(chunks, audios):
+                        self._put_chunk(request, sentence, toks, final, audio)
+                    for (_, request, sentence, out, _), audio in zip(wholes, audios[len(chunks):]):
+                        self._put_sentence(request, sentence, out, audio)
             live = [j for j in live if j not in batched]
         for kind, request, sentence, payload, voice in live:
             try:
