@@ -130,7 +130,8 @@ def _add_service_routes(app: "FastAPI", ctx: ServerContext) -> None:
     @app.get("/health")
     async def health():
         """``starting`` while the warm-up runs, then ``ready``; ``degraded`` (with a ``reason``) when the warm-up
-        failed, and while the engine rebuilds its decoding state after a failed step (it still serves);
+        failed, while the engine rebuilds its decoding state after a failed step (it still serves), and when
+        no synthesis slot has been free for longer than ``request_timeout_s``;
         ``failed`` (503) when it could not (restart); ``draining`` (503) once shutdown has begun."""
         draining = ctx.admission.draining
         readiness = getattr(ctx.studio, "readiness", None)  # engine.warmup.Readiness, when a warm-up was started
@@ -141,6 +142,12 @@ def _add_service_routes(app: "FastAPI", ctx: ServerContext) -> None:
             status = "failed"
         elif engine == "degraded" and status == "ready":
             status = "degraded"
+        runner_full = getattr(ctx.runner, "full_for", None)
+        stuck = max(ctx.admission.full_for(), runner_full() if runner_full is not None else 0.0)
+        if stuck > ctx.limits.request_timeout_s and status == "ready":  # every slot taken longer than a request
+            status = "degraded"  # may take: held by clients or workers that do not let go, not by work
+            reason = (f"no synthesis slot has been free for {stuck:.0f} s, longer than a request may take "
+                      f"(request_timeout_s = {ctx.limits.request_timeout_s:g} s); new requests get 503")
         load = getattr(ctx.studio, "load", None)  # the engine's schedulers: requests waiting for a slot
         engine_queued = load()["queued"] if load is not None else 0
         body = {"status": status, "running": max(0, ctx.runner.running - engine_queued),

@@ -156,6 +156,25 @@ class Exchange:
             release()
 
 
+class Saturation:
+    """Since when every place of a bounded pool has been taken, for ``/health`` (a pool full for longer than a
+    request may take is stuck, not busy). Thread-safe through its owner's lock."""
+
+    def __init__(self) -> None:
+        self._since: float | None = None
+
+    def update(self, used: int, capacity: int) -> None:
+        if used < capacity:
+            self._since = None
+        elif self._since is None:
+            self._since = time.monotonic()
+
+    def seconds(self, used: int, capacity: int) -> float:
+        """How long the pool has been full without a break (0 when a place is free now)."""
+        self.update(used, capacity)
+        return 0.0 if self._since is None else time.monotonic() - self._since
+
+
 class Admission:
     """At most ``capacity`` synthesis requests at once (reading their body, queued, computing or
     streaming): the next one gets BusyError before its body is read. Of those, one client address may
@@ -173,6 +192,7 @@ class Admission:
         self._active: set[Exchange] = set()
         self._uploading: dict[str, set[Exchange]] = {}  # client address -> its admitted requests still sending
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._full = Saturation()
 
     @property
     def active(self) -> int:
@@ -190,6 +210,7 @@ class Admission:
                 raise DrainingError(SHUTTING_DOWN,
                                     retry_after=self.retry_after)
             capacity = self._capacity()
+            self._full.update(len(self._active), capacity)
             if len(self._active) >= capacity:
                 raise BusyError(f"the server is busy ({capacity} synthesis requests in progress); "
                                 f"retry in a moment", retry_after=self.retry_after)
@@ -199,6 +220,7 @@ class Admission:
                 raise BusyError(f"this client address is already sending {len(uploading)} request bodies "
                                 f"(max_uploads_per_client); finish those first", retry_after=self.retry_after)
             self._active.add(ex)
+            self._full.update(len(self._active), capacity)
             if uploading is not None:
                 self._uploading.setdefault(ex.client, uploading).add(ex)
                 ex._on_body = lambda: self._uploaded(ex)
@@ -225,6 +247,12 @@ class Admission:
         self._uploaded(ex)
         with self._lock:
             self._active.discard(ex)
+            self._full.update(len(self._active), self._capacity())
+
+    def full_for(self) -> float:
+        """Seconds every place has been taken without a break (0 when one is free)."""
+        with self._lock:
+            return self._full.seconds(len(self._active), self._capacity())
 
     def drain(self) -> None:
         """Stop admitting; withdraw every admitted request whose work has not started (DrainingError; the

@@ -45,7 +45,8 @@ class BodyTimeout(Exception):
 
 
 class SendTimeout(Exception):
-    """A synthesis answer could not be handed to a client (it stopped reading) within ``request_timeout_s``."""
+    """A synthesis answer could not be handed to a client (it stopped reading) within ``request_timeout_s``, or
+    a piece of a stream within ``stream_write_timeout_s``."""
 
 
 def outcome_of(ex: Exchange, status: int) -> str:
@@ -90,14 +91,21 @@ class Guard:
         limits = self.ctx.limits
         headers = dict(scope.get("headers") or ())
 
+        streaming = {"yes": False}
+
         async def send_(message) -> None:
             if message["type"] == "http.response.start":
                 status["code"], status["started"] = message["status"], True
                 message = {**message, "headers": [*message.get("headers", ()), (b"x-request-id", ex.id.encode())]}
             if ex.job is not None and message["type"] == "http.response.body":
-                # a client that stops reading blocks this send: the request's time limit holds here too
+                # a client that stops reading blocks this send: the request's time limit holds here too, and a
+                # stream's pieces (small, one after another) must each go within the stream write timeout
+                streaming["yes"] = streaming["yes"] or message.get("more_body", False)
+                timeout = ex.job.remaining()
+                if streaming["yes"]:
+                    timeout = min(timeout, limits.stream_write_timeout_s)
                 try:
-                    await asyncio.wait_for(send(message), max(ex.job.remaining(), 0.001))
+                    await asyncio.wait_for(send(message), max(timeout, 0.001))
                 except TimeoutError:
                     ex.outcome = TIMED_OUT
                     raise SendTimeout() from None
@@ -139,7 +147,8 @@ class Guard:
                                [(b"connection", b"close")])
         except Exception as exc:  # noqa: BLE001 - the last place an error can be turned into an answer
             if _holds(exc, SendTimeout):  # the answer had begun: the connection is closed before its end
-                log.warning("request %s: the client stopped reading; the answer was cut at request_timeout_s", ex.id)
+                log.warning("request %s: the client stopped reading; the answer was cut (request_timeout_s, or "
+                            "stream_write_timeout_s for a stream)", ex.id)
                 return
             if _client_left(exc) or ex.client_gone:
                 ex.client_gone = True

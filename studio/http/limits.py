@@ -60,6 +60,8 @@ class ServerLimits:
     max_audio_seconds: float = 600.0  # audio of one whole-file response (streaming has no such cap);
     # over it: 400 and the work stops
     max_pending_chunks: int = 8  # streamed results waiting for a slow client before synthesis pauses
+    stream_write_timeout_s: float = 30.0  # one piece of a stream must be taken by the client within this; a
+    # client that stops reading (or is gone) loses the stream and its worker slot then, not at request_timeout_s
     max_tokens_per_sentence: int | None = None  # cap on semantic tokens per sentence (25 per second of
     # audio); None: the GPT checkpoint's own limit (50 * max_sec = 2700, i.e. up to ~108 s per sentence)
     max_profiles: int = 256  # saved voices; one more: 400 (checked under the store's write lock)
@@ -113,6 +115,8 @@ _FLAGS = {  # field -> (flag, help); the *_bytes fields are given in MiB (_MIB_F
     "shutdown_grace_s": ("--shutdown-grace", "seconds running requests get after SIGTERM before the server exits"),
     "header_timeout_s": ("--header-timeout", "seconds a connection may take to send its request headers"),
     "body_timeout_s": ("--body-timeout", "seconds a whole request body may take to arrive (then 408)"),
+    "stream_write_timeout_s": ("--stream-write-timeout", "seconds a client may take to accept one piece of a "
+                                                         "stream; then the stream is cut and its slot freed"),
     "max_tokens_per_sentence": ("--max-tokens-per-sentence",
                                 "cap semantic tokens per sentence (25 per second of audio; default: the GPT file's)"),
     "decode_budget_bytes": ("--decode-budget-mb", "MiB of decoded audio the whole process holds in reads under "

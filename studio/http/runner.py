@@ -19,6 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Generic, TypeVar
 
 from engine.errors import BusyError
+from studio.http.exchange import Saturation
 
 T = TypeVar("T")
 _END = object()
@@ -50,6 +51,7 @@ class SynthesisRunner:
         self._waiting = 0
         self._running = 0
         self._on_start, self._on_end = on_start, on_end
+        self._full = Saturation()
 
     @property
     def queue_length(self) -> int:
@@ -64,18 +66,29 @@ class SynthesisRunner:
         return min(self._capacity(), self._executor._max_workers)
 
     def _release(self) -> None:
+        capacity = self.capacity
         with self._lock:
             self._admitted -= 1
+            self._full.update(self._admitted, capacity)
+
+    def full_for(self) -> float:
+        """Seconds every worker place has been taken without a break (0 when one is free): a worker still
+        inside one step of a request that has ended holds its place."""
+        capacity = self.capacity
+        with self._lock:
+            return self._full.seconds(self._admitted, capacity)
 
     def submit(self, fn: Callable[..., T], *args: Any) -> Future:
         """Queue ``fn(*args)`` or raise ServerBusyError when ``capacity`` jobs are admitted."""
         capacity = self.capacity
         with self._lock:
+            self._full.update(self._admitted, capacity)
             if self._admitted >= capacity:
                 raise ServerBusyError(
                     f"the server is busy ({self._running} running, {self._waiting} queued); retry in a moment")
             self._admitted += 1
             self._waiting += 1
+            self._full.update(self._admitted, capacity)
 
         def job() -> T:
             with self._lock:
@@ -104,10 +117,12 @@ class SynthesisRunner:
         """Run a blocking call on a worker and await its result (exceptions propagate)."""
         return await asyncio.wrap_future(self.submit(fn, *args))
 
-    async def stream(self, start: Callable[[], Iterator[T]], max_pending: int = 8) -> ResultStream[T]:
+    async def stream(self, start: Callable[[], Iterator[T]], max_pending: int = 8,
+                     stopped: Callable[[], bool] | None = None) -> ResultStream[T]:
         """Start ``start()`` on a worker. Returns once it has either raised (the error propagates here,
-        before any response is sent) or produced its iterator; then iterate the stream."""
-        stream: ResultStream[T] = ResultStream(asyncio.get_running_loop(), max_pending)
+        before any response is sent) or produced its iterator; then iterate the stream. ``stopped()``: the
+        request behind it is over (its producer then stops even if nobody cancels the stream)."""
+        stream: ResultStream[T] = ResultStream(asyncio.get_running_loop(), max_pending, stopped)
         self.submit(stream.produce, start)
         await stream.wait_started()
         return stream
@@ -120,8 +135,10 @@ class ResultStream(Generic[T]):
     """Items made on a worker thread, consumed on the event loop. At most ``max_pending`` items wait
     unconsumed (the producer blocks beyond that); :meth:`cancel` stops the producer."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, max_pending: int = 8) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, max_pending: int = 8,
+                 stopped: Callable[[], bool] | None = None) -> None:
         self._loop = loop
+        self._stopped = stopped if stopped is not None else (lambda: False)
         self._queue: asyncio.Queue = asyncio.Queue()
         self._room = threading.Semaphore(max_pending)
         self._cancelled = threading.Event()
@@ -155,9 +172,9 @@ class ResultStream(Generic[T]):
         try:
             for item in items:
                 while not self._room.acquire(timeout=0.1):
-                    if self._cancelled.is_set():
+                    if self._cancelled.is_set() or self._stopped():  # nobody will take it: the slot goes back
                         return
-                if self._cancelled.is_set():
+                if self._cancelled.is_set() or self._stopped():
                     return
                 self._call(self._queue.put_nowait, item)
             self._call(self._queue.put_nowait, _END)

@@ -216,8 +216,10 @@ async def _respond_stream(ctx: "ServerContext", request, ex: Exchange, job: TTSJ
     from engine.audio_formats import content_type
 
     disconnected, retry = (lambda: wait_disconnect(request)), ctx.limits.retry_after_s
-    stream = await await_work(ex, ctx.runner.stream(lambda: start_stream(ctx, job, ex.job),
-                                                    ctx.limits.max_pending_chunks), disconnected, retry)
+    control = ex.job
+    stream = await await_work(ex, ctx.runner.stream(lambda: start_stream(ctx, job, control),
+                                                    ctx.limits.max_pending_chunks, lambda: control.cancelled),
+                              disconnected, retry)
     pieces = stream.__aiter__()
     try:  # the first piece exists before the status line: early failures are ordinary JSON errors
         first = await await_work(ex, anext(pieces), disconnected, retry)
