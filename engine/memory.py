@@ -18,8 +18,11 @@ models), so there the last step is always to refuse. Steps that can be undone (`
 undone once memory falls well below the watermark. Every step is logged and counted
 (:meth:`MemoryGuard.counts`, exported on ``/metrics``).
 
-Readings come from :func:`read_memory` over injectable :class:`MemorySources` (psutil for system
-memory, ``torch.mps`` and ``torch.cuda`` for the accelerators), so tests fake a Mac or a GPU.
+Readings come from :func:`read_memory` over injectable :class:`MemorySources`, so tests fake a Mac or a GPU:
+on the CPU, this process's own resident memory against what it may have (its cgroup's limit, else the host's)
+and its cgroup's working set against that limit (a shared machine's other tenants never count); on a Mac,
+``torch.mps`` and the memory macOS will give; on CUDA, the device's memory. A refusal names the reading that
+hit the watermark.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from engine.errors import MemoryPressureError
 from engine.options import EngineSettings
@@ -48,15 +52,37 @@ UNIFIED = ("mps", "cpu")  # device types whose memory is the system's memory
 
 @dataclass(frozen=True)
 class MemoryReading:
-    """Bytes in use and in total, and what was read ("system", "mps", "cuda:0")."""
+    """Bytes in use and in total, and what was read ("process", "cgroup", "system", "mps", "cuda:0");
+    ``of``: what the total is ("host memory", "cgroup limit"), where it is not plain."""
 
     used: int
     total: int
     source: str = ""
+    of: str = ""
 
     @property
     def fraction(self) -> float:
         return self.used / self.total if self.total > 0 else 0.0
+
+    def describe(self) -> str:
+        """What was read, in words with its figures (for logs and the 503)."""
+        used, total = _gib(self.used), _gib(self.total)
+        if self.source == "process":
+            return f"this server's own memory ({used} of {total} {self.of or 'host memory'})"
+        if self.source == "cgroup":
+            return f"its cgroup's working set ({used} of the {total} cgroup limit)"
+        if self.source == "mps":
+            return f"Metal's allocation ({used} of the {total} macOS recommends)"
+        if self.source == "system":
+            return f"system memory ({used} of {total})"
+        return f"{self.source or 'device'} memory ({used} of {total})"
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:.1f} GiB"
+
+
+GIB = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -83,6 +109,78 @@ def _psutil_system() -> tuple[int, int] | None:
         return None
     vm = psutil.virtual_memory()
     return system_used(int(vm.total), int(vm.available), _macos_available())
+
+
+def _process_rss() -> int | None:
+    """Bytes of this process's resident set (psutil); None when it cannot be read."""
+    try:
+        import psutil
+
+        return int(psutil.Process().memory_info().rss)
+    except (ImportError, OSError):
+        return None
+
+
+def _host_total() -> int | None:
+    try:
+        import psutil
+    except ImportError:
+        return None
+    return int(psutil.virtual_memory().total)
+
+
+UNLIMITED_V1 = 1 << 62  # cgroup v1 writes "no limit" as a number near 2**63
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _inactive_file(stat: Path) -> int:
+    try:
+        lines = stat.read_text().splitlines()
+    except OSError:
+        return 0
+    for line in lines:
+        key, _, value = line.partition(" ")
+        if key in ("inactive_file", "total_inactive_file") and value.strip().isdigit():
+            return int(value)
+    return 0
+
+
+def cgroup_memory(root: Path = Path("/sys/fs/cgroup"), proc: Path = Path("/proc/self/cgroup")
+                  ) -> tuple[int, int] | None:
+    """(working set, limit) bytes of the nearest cgroup of this process that has a memory limit (v1 or v2);
+    the working set is the usage less the inactive file cache (what the kernel cannot simply drop), as
+    container runtimes count it. None without a limit, or where cgroups cannot be read."""
+    try:
+        lines = proc.read_text().splitlines()
+    except OSError:
+        return None
+    v1 = next((ln.split(":", 2)[2] for ln in lines if len(ln.split(":", 2)) == 3
+               and "memory" in ln.split(":", 2)[1].split(",")), None)
+    v2 = next((ln.split(":", 2)[2] for ln in lines if ln.startswith("0::")), None)
+    if v1 is not None:
+        base, rel, files = root / "memory", v1, ("memory.limit_in_bytes", "memory.usage_in_bytes")
+    elif v2 is not None:
+        base, rel, files = root, v2, ("memory.max", "memory.current")
+    else:
+        return None
+    folder = base / rel.strip("/")
+    while True:  # the own cgroup, then its parents (a namespaced mount shows only part of the path)
+        limit = _read_int(folder / files[0])
+        if limit is not None and limit < UNLIMITED_V1:
+            usage = _read_int(folder / files[1])
+            if usage is None:
+                return None
+            return max(0, usage - _inactive_file(folder / "memory.stat")), limit
+        if folder == base or base not in folder.parents:
+            return None
+        folder = folder.parent
 
 
 def _macos_available() -> int | None:
@@ -137,9 +235,12 @@ def _torch_cuda(index: int) -> tuple[int, int] | None:
 class MemorySources:
     """Where readings come from. Tests replace any of them (e.g. a 16 GB Mac with 11 GB recommended)."""
 
-    system: Callable[[], tuple[int, int] | None] = _psutil_system  # (used, total) of RAM
+    system: Callable[[], tuple[int, int] | None] = _psutil_system  # (used, total) of RAM, machine-wide (macOS)
     mps: Callable[[], MpsMemory | None] = _torch_mps
     cuda: Callable[[int], tuple[int, int] | None] = _torch_cuda  # device index -> (used, total)
+    process: Callable[[], int | None] = _process_rss  # this process's resident bytes
+    host_total: Callable[[], int | None] = _host_total  # the host's memory
+    cgroup: Callable[[], tuple[int, int] | None] = cgroup_memory  # (working set, limit) of a limited cgroup
 
 
 def _device_type(device: str) -> tuple[str, int]:
@@ -156,13 +257,26 @@ def read_all(device: str, sources: MemorySources = MemorySources()) -> list[Memo
         if cuda is not None:
             out.append(MemoryReading(cuda[0], cuda[1], device))
         return out  # a discrete GPU: host memory is not what runs out first
-    if kind == "mps":
+    if kind == "mps":  # unified memory: Metal's budget, and the machine's memory as macOS will give it
         mps = sources.mps()
         if mps is not None and mps.recommended_max > 0:
             out.append(MemoryReading(mps.driver, mps.recommended_max, "mps"))
-    system = sources.system()
-    if system is not None and system[1] > 0:
-        out.append(MemoryReading(system[0], system[1], "system"))
+        system = sources.system()
+        if system is not None and system[1] > 0:
+            out.append(MemoryReading(system[0], system[1], "system"))
+        return out
+    # the CPU: this process's own memory against what it may have (its cgroup's limit, else the host's), and
+    # its cgroup's working set against that limit; never the machine's other tenants (a shared box at 90%
+    # refused every request of a server that used little)
+    cgroup = sources.cgroup()
+    host = sources.host_total()
+    rss = sources.process()
+    limited = cgroup is not None and (host is None or cgroup[1] < host)
+    budget = cgroup[1] if limited else host  # type: ignore[index]
+    if rss is not None and budget:
+        out.append(MemoryReading(rss, budget, "process", "cgroup limit" if limited else "host memory"))
+    if cgroup is not None and cgroup[1] > 0:
+        out.append(MemoryReading(cgroup[0], cgroup[1], "cgroup"))
     return out
 
 
@@ -336,10 +450,10 @@ class MemoryGuard:
     def _refusal(self, device: str, reading: MemoryReading, what: str) -> MemoryPressureError:
         with self._lock:
             self.decisions["refused"] += 1
-        source = f" ({reading.source})" if reading.source and reading.source != device else ""
-        log.error("memory on %s%s %s: request refused", device, source, what)
-        return MemoryPressureError(f"{device} memory{source} {what} (watermark {100 * self.watermark:.0f}%); "
-                                   "retry later or lower the load")
+        message = (f"{device}: {reading.describe()} {what} (memory_watermark {100 * self.watermark:.0f}%, "
+                   f"read from {reading.source or 'nothing'})")
+        log.error("%s: request refused", message)
+        return MemoryPressureError(f"{message}; retry later or lower the load")
 
     def _maybe_restore(self, device: str, reading: MemoryReading) -> None:
         if not self._applied or reading.total <= 0 or reading.fraction > self.watermark - RESTORE_MARGIN:

@@ -37,7 +37,10 @@ def test_readings_take_the_tightest_source() -> None:
     assert r.source == "mps" and r.used == int(9.9 * GIB) and r.total == int(10.7 * GIB)
     r = read_memory("mps", MAC_BUSY_SYSTEM)
     assert r.source == "system" and r.fraction == pytest.approx(15.5 / 16)
-    assert read_memory("cpu", MAC_BUSY_GPU).source == "system"
+    # the CPU reads this process's own memory, never the machine's (issue 32: a busy shared box refused all)
+    own = MemorySources(system=lambda: (15 * GIB, 16 * GIB), process=lambda: GIB, host_total=lambda: 16 * GIB,
+                        cgroup=lambda: None)
+    assert read_memory("cpu", own).source == "process" and read_memory("cpu", own).fraction == 1 / 16
     assert read_memory("cuda:0", H200).fraction == pytest.approx(130 / 140)
     assert read_memory("cuda:1", H200).fraction == pytest.approx(1 / 140)  # the device's own memory, not the host's
     unknown = read_memory("mps", MemorySources(system=lambda: None, mps=lambda: None, cuda=lambda i: None))
