@@ -190,6 +190,7 @@ async def tts(ctx: "ServerContext", request: Request):
     ex = admit(ctx, request)
     ex.names = NAMES
     req, ref_upload, aux_uploads = await read_request(ctx, request)
+    ex.check_drained(ctx.limits.retry_after_s)  # SIGTERM came while the body arrived: 503 before any check
     job = await run_in_threadpool(build_job, ctx, req, ref_upload, aux_uploads)  # file system checks: off the loop
     return await respond(ctx, request, ex, job, "/tts")
 

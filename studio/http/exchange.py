@@ -147,6 +147,12 @@ class Exchange:
         if on_body is not None:
             on_body()
 
+    def check_drained(self, retry_after: float = 1.0) -> None:
+        """DrainingError when shutdown withdrew this request before its work began (SIGTERM came while its
+        body was still arriving): the answer is 503 + Retry-After, whatever the body holds."""
+        if self._drained is not None and self._drained.is_set() and self.job is not None and self.job.cancelled:
+            raise DrainingError(SHUTTING_DOWN, retry_after=retry_after)
+
     def finish(self) -> None:
         """The request is over (answered, failed or abandoned): stop its work, free its admission."""
         if self.job is not None:
@@ -298,6 +304,8 @@ async def await_work(ex: Exchange, work: Awaitable[T], disconnected: Callable[[]
         for w in watchers:
             w.cancel()
     if task in done:
+        if not task.cancelled() and isinstance(task.exception(), JobCancelled):
+            ex.check_drained(retry_after)  # withdrawn by the drain as it started: 503, not a 500
         return task.result()
     if ex.job is not None:
         ex.job.cancel()

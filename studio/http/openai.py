@@ -98,6 +98,7 @@ async def speech(ctx: "ServerContext", request: Request) -> Response:
     ex = admit(ctx, request)
     ex.names = NAMES
     body = await read_json(request, ctx.limits.max_json_depth, ctx.limits.max_json_items)
+    ex.check_drained(ctx.limits.retry_after_s)  # SIGTERM came while the body arrived: 503 before any check
     job = await run_in_threadpool(build_speech_job, ctx, validate_model(SpeechRequest, body))  # file checks
     rate = PCM_RATE if job.media_type == "pcm" else None
     return await respond(ctx, request, ex, job, "/v1/audio/speech", encode_as=job.media_type, rate=rate)

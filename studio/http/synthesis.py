@@ -193,6 +193,7 @@ async def respond(ctx: "ServerContext", request, ex: Exchange, job: TTSJob, endp
     from engine.audio_formats import content_type
 
     ex.names = job.names
+    ex.check_drained(ctx.limits.retry_after_s)  # shutdown began while the body arrived: no work starts
     labels = {"endpoint": endpoint}
     headers = {**language_warning(job.text, job.text_lang), **(headers or {})}
     if job.streaming:

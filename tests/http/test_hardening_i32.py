@@ -161,3 +161,53 @@ def test_the_voice_quota_is_the_servers_limit(tmp_path, refs) -> None:
     assert "max_profiles_bytes" in answers[2].json()["error"]["message"]
     stored = sum(p.stat().st_size for p in (refs.parent / "voices").rglob("*") if p.is_file())
     assert stored <= 300_000  # 2f66d90 kept every 5 MiB upload whole, with no bound in bytes
+
+
+# ---- 4: a body that arrives after SIGTERM ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path, body", [("/tts", tts_body()), ("/tts", tts_body(streaming_mode=1)),
+                                        ("/tts", tts_body(streaming_mode=2)),
+                                        ("/v1/audio/speech", {"input": "Hi.", "voice": "nobody"})])
+def test_a_body_that_arrives_after_sigterm_gets_503_with_retry_after(tmp_path, refs, path, body) -> None:
+    studio = ScriptedStudio(tmp_path)
+    app = make_app(studio, refs, workers=1, max_queue=4)
+    raw = json.dumps(body).encode()
+
+    async def main():
+        rest = asyncio.Event()
+        pieces = iter([{"type": "http.request", "body": raw[:5], "more_body": True}])
+        sent: list[dict] = []
+
+        tail = iter([{"type": "http.request", "body": raw[5:], "more_body": False}])
+
+        async def receive():
+            piece = next(pieces, None)
+            if piece is not None:
+                return piece
+            await rest.wait()  # the rest of the body comes after SIGTERM
+            piece = next(tail, None)
+            if piece is not None:
+                return piece
+            await asyncio.Event().wait()  # then nothing more: the client waits for its answer
+
+        async def send(message):
+            sent.append(message)
+
+        scope = {**_scope(("10.0.0.3", 40000), len(raw)), "path": path, "raw_path": path.encode()}
+        call = asyncio.create_task(app(scope, receive, send))
+        for _ in range(500):  # until the request is admitted and waits for the rest of its body
+            await asyncio.sleep(0.01)
+            if app.state.context.admission.active == 1:
+                break
+        app.state.context.drain()  # what SIGTERM does first (studio.http.lifecycle.DrainingServer)
+        rest.set()
+        await asyncio.wait_for(call, 30)
+        return sent
+
+    sent = asyncio.run(main())
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    body_bytes = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    assert start["status"] == 503, body_bytes  # 2f66d90: 500 "internal error"
+    assert dict(start["headers"]).get(b"retry-after") == b"1" and b"shutting down" in body_bytes
+    assert studio.steps == 0
