@@ -262,6 +262,8 @@ class Studio:
         from engine.serving.scheduler import Scheduler, SchedulerConfig
 
         with self._lock:
+            if self._retired:  # replaced ones close as soon as their last request is done
+                self._retired = [old for old in self._retired if not old.close_if_idle()]
             sched = self._schedulers.get(models.id)
             if sched is not None and sched.models.t2s is models.t2s and not sched.closed:
                 return sched

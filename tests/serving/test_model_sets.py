@@ -126,3 +126,21 @@ def test_closing_idle_schedulers_under_memory_pressure_spares_busy_ones(tmp_path
         assert "error" not in held.finish()
     finally:
         studio.close()
+
+
+def test_a_reloaded_set_gets_a_new_scheduler_and_the_old_one_closes_once_its_requests_are_done(tmp_path) -> None:
+    import copy
+    from dataclasses import replace
+
+    studio = _studio(scheduler_slots=2)
+    try:
+        gpt = _gpts(studio, tmp_path / "w", 1)[0]
+        held = Held(studio, gpt)
+        reloaded = replace(held.sched.models, t2s=copy.deepcopy(held.sched.models.t2s))  # same id, new weights
+        new = studio.scheduler(reloaded)
+        assert new is not held.sched and not held.sched.closed  # before: closed while it decoded
+        assert "error" not in held.finish()  # its request ran to its end
+        studio.scheduler(reloaded)  # the next selection sweeps the replaced one, idle now
+        assert held.sched.closed and not new.closed
+    finally:
+        studio.close()
