@@ -217,7 +217,7 @@ class VoiceCloner:
                  max_text_chars: int = EngineSettings.max_text_chars, scheduler=None,
                  fallback: DeviceFallback | None = None, reopen: Callable[[], Any] | None = None,
                  gate=None, conv_backend: str = "auto", lane: Executor | None = None,
-                 batches: "ReferenceBatches | None" = None) -> None:
+                 batches: "ReferenceBatches | None" = None, text_workers=None) -> None:
         from engine.text.frontend import TextFrontend
 
         self.scheduler = scheduler  # engine.serving.Scheduler of these models; None: the official flow
@@ -238,6 +238,8 @@ class VoiceCloner:
         self._batches = batches
         self.frontend = TextFrontend("v1" if models.version == "v1" else "v2", bert=models.bert,
                                      zh_g2p=models.zh_g2p)  # G2PW for v2+ Mandarin when its model is there
+        # engine.text.workers.TextWorkers that read text in other processes (the same front end); None: here
+        self._text_workers = text_workers
 
     def _device_work(self):
         """The section device work of this cloner runs in (see engine.serving.gate)."""
@@ -325,7 +327,7 @@ class VoiceCloner:
         norm = ""
         if prompt_text:
             try:
-                tf = self.frontend.phones_and_bert(prompt_text, lang)
+                tf = self._phones_and_bert(prompt_text, lang, gated=False)  # in the reference's device work
             except TextError as e:
                 raise TextError(f"the transcript: {e}", field="reference.text") from e
             phones, norm = tf.phone_ids, tf.norm_text
@@ -378,10 +380,23 @@ class VoiceCloner:
             return pre_seg_text(text, text_lang, options.text_split_method)
         return self.frontend.sentences(text, text_lang, options.text_split_method)
 
+    def read_text(self, text: str, lang: str):
+        """``text`` through the text front end, without BERT (engine.text.frontend.TextFeatures): in the engine's
+        text worker processes when it has them, else on this thread."""
+        if self._text_workers is not None:
+            return self._text_workers.read(text, lang)
+        return self.frontend.phones_and_bert(text, lang, with_bert=False)
+
+    def _phones_and_bert(self, text: str, lang: str, gated: bool = True):
+        """``frontend.phones_and_bert(text, lang)``: the reading in a text worker when there are some, BERT here,
+        in the device-work section (``gated``: enter it here; else the caller is in it)."""
+        features = self._text_workers.read(text, lang) if self._text_workers is not None else None
+        with self._device_work() if gated else contextlib.nullcontext():  # BERT runs on the device
+            return self.frontend.phones_and_bert(text, lang) if features is None else self.frontend.add_bert(features)
+
     def _features(self, index: int, sentence: str, lang: str) -> _Sentence | None:
         try:
-            with self._device_work():  # BERT runs on the device
-                tf = self.frontend.phones_and_bert(sentence, lang)
+            tf = self._phones_and_bert(sentence, lang)
         except TextError as e:
             log.info("sentence %d skipped: %s", index, e)
             return None

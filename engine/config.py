@@ -84,6 +84,8 @@ KNOBS = (
     Knob("scheduler_queue", ENGINE, "scheduler_queue", int, "requests waiting for a slot; one more gets 503"),
     Knob("max_schedulers", ENGINE, "max_schedulers", int,
          "model sets served at once (each holds a slot pool); a new set while all are busy gets 503"),
+    Knob("text_processes", ENGINE, "text_processes", int,
+         "processes that read request texts off the engine's GIL (-1: 2 on CUDA, none elsewhere; 0: none)"),
 )
 KNOB_KEYS = {k.key: k for k in KNOBS}
 

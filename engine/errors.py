@@ -23,6 +23,17 @@ class EngineError(Exception):
         super().__init__(message)
         self.field = field
 
+    def __reduce__(self):
+        """Pickled whole (its field and any other attribute), e.g. from the text worker processes."""
+        return _restore_error, (type(self), self.args, dict(self.__dict__))
+
+
+def _restore_error(cls: type, args: tuple, state: dict) -> "EngineError":
+    error = cls.__new__(cls)
+    Exception.__init__(error, *args)
+    error.__dict__.update(state)
+    return error
+
 
 class ConfigError(EngineError, ValueError):
     """A configuration file or value is invalid (names the key)."""

@@ -264,6 +264,9 @@ class EngineSettings:
     acoustic_buckets: bool = True
     # bucketed acoustic batches (CUDA) replay CUDA graphs of the shapes met (engine.acoustic.graphs)
     acoustic_graphs: bool = True
+    # processes that read request texts (normalisation, g2p; engine.text.workers), so that the front end never
+    # holds the engine's GIL; -1: 2 on CUDA (where the GIL feeds the GPU), none elsewhere; 0: the request threads
+    text_processes: int = -1
 
     def __post_init__(self) -> None:
         if self.conv_backend not in ("auto", "cudnn", "native"):
@@ -278,6 +281,9 @@ class EngineSettings:
             v = getattr(self, name)
             if not _is_int(v) or v < 0:
                 raise OptionsError(f"{name} must be a non-negative integer, got {v!r}")
+        if not _is_int(self.text_processes) or self.text_processes < -1:
+            raise OptionsError(f"text_processes must be -1 (auto), 0 or a number of processes, "
+                               f"got {self.text_processes!r}")
         if self.max_schedulers < 1:
             raise OptionsError(f"max_schedulers must be at least 1, got {self.max_schedulers!r}")
         if not _is_number(self.memory_watermark) or not 0.0 < self.memory_watermark <= 1.0:

@@ -40,6 +40,8 @@ from engine.t2s.decoding import SamplingParams, StopRules, T2SDecoder, T2SInput
 log = logging.getLogger(__name__)
 
 REFERENCE_THREADS = 2  # engine threads that prepare references on an accelerator
+AUTO_TEXT_PROCESSES = 2  # text worker processes per front-end kind on CUDA (EngineSettings.text_processes -1)
+MAX_TEXT_POOLS = 4  # front-end kinds (v1 / v2, G2PW folder) with worker processes at once; the oldest closes
 
 
 # ---- the engine -----------------------------------------------------------------------------
@@ -90,6 +92,7 @@ class Studio:
         self._batch_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reference-batch")
         self._reference_batches = ReferenceBatches.make(self._batch_executor)
         self._events: dict[str, int] = {}  # serving events for /metrics (rebuilds, graphs captured...)
+        self._text_workers: dict[object, object] = {}  # FrontendSpec -> engine.text.workers.TextWorkers
 
     @classmethod
     def from_config(cls, config, device: str | None = None, precision: str | None = None,
@@ -180,7 +183,8 @@ class Studio:
                              fallback=self.fallback, reopen=lambda: self.scheduler(models), gate=self.gate,
                              conv_backend=self.settings.conv_backend,
                              lane=self._lane if models.device.type != "cpu" else None,
-                             batches=self._reference_batches if models.device.type == "cuda" else None)
+                             batches=self._reference_batches if models.device.type == "cuda" else None,
+                             text_workers=self._text_workers_for(models))
         if self.settings.warmup:
             with self._lock:
                 first = models.id not in self._warmed
@@ -191,6 +195,27 @@ class Studio:
                 with self.gate.capture():
                     warm_up_models(models, capture=not self.settings.scheduler)
         return cloner
+
+    def _text_workers_for(self, models: Models):
+        """The worker processes that read texts for ``models`` (shared by the sets of one front-end kind), or None
+        when texts are read on the request threads (``EngineSettings.text_processes``)."""
+        from engine.text.workers import TextWorkers
+
+        n = self.settings.text_processes
+        if n < 0:
+            n = AUTO_TEXT_PROCESSES if models.device.type == "cuda" else 0
+        if n == 0 or models.frontend_spec is None:
+            return None
+        with self._lock:
+            workers = self._text_workers.get(models.frontend_spec)
+            if workers is None:
+                workers = self._text_workers[models.frontend_spec] = TextWorkers(models.frontend_spec, n)
+            closing = []
+            while len(self._text_workers) > MAX_TEXT_POOLS:  # oldest kind first
+                closing.append(self._text_workers.pop(next(iter(self._text_workers))))
+        for old in closing:
+            old.close()
+        return workers
 
     def _count(self, event: str, n: int = 1) -> None:
         """A serving event (from a scheduler); graph captures are told apart by when they happened."""
@@ -320,8 +345,11 @@ class Studio:
         with self._lock:
             schedulers, self._schedulers = [*self._schedulers.values(), *self._retired], {}
             self._retired = []
+            text_workers, self._text_workers = list(self._text_workers.values()), {}
         for sched in schedulers:
             sched.close()
+        for workers in text_workers:
+            workers.close()
         self._lane.shutdown(wait=False, cancel_futures=True)
         self._batch_executor.shutdown(wait=False, cancel_futures=True)
 

@@ -168,7 +168,7 @@ def _read_every_language(cloner, version: str) -> None:
         lang = code.removeprefix("all_")
         text = MIXED_TEXT if lang.startswith("auto") else READ_TEXT.get(lang, READ_TEXT["en"])
         try:
-            cloner.frontend.phones_and_bert(text, code, with_bert=False)
+            cloner.read_text(text, code)  # in the text worker processes when the engine has them
         except Exception as e:  # noqa: BLE001 - an optional language's library may be missing
             log.warning("warm-up: the %s text front end failed (%s: %s)", code, type(e).__name__, e)
 

@@ -194,6 +194,7 @@ class Models:
     sv: nn.Module | None = None  # ERes2NetV2 (v2Pro*)
     t2s_fast: Any = None  # engine.t2s.fast.FastT2S over ``t2s`` (CUDA graphs), when the engine uses it
     zh_g2p: Any = None  # engine.text.chinese.ChineseG2P with G2PW (v2+, model present); None: pypinyin
+    frontend_spec: Any = None  # engine.text.workers.FrontendSpec: how a worker process builds this set's front end
 
     @property
     def id(self) -> str:
@@ -363,9 +364,13 @@ class ModelPool:
             sv = self._get("sv", path, runtime, pinned)
         self._cache.evict(self.max_bytes, keep=set(pinned))  # the set just handed out stays
         zh_g2p = self._mandarin(weights.g2pw_folder(), bert_path) if version != "v1" else None
+        from engine.text.workers import FrontendSpec
+
+        spec = FrontendSpec("v1" if version == "v1" else "v2", str(weights.g2pw_folder()) if zh_g2p else None,
+                            str(bert_path) if zh_g2p else None)
         return Models(weights=weights, runtime=runtime, t2s=t2s, early_stop_num=early_stop, mute_similarity=sim,
                       sovits=sovits, version=version, sovits_sample_rate=sr, ssl=ssl, bert=bert, vocoder=vocoder,
-                      sv=sv, t2s_fast=fast, zh_g2p=zh_g2p)
+                      sv=sv, t2s_fast=fast, zh_g2p=zh_g2p, frontend_spec=spec)
 
     def shrink(self, fraction: float = 0.5) -> int:
         """Drop least recently used networks until at most ``fraction`` of the bytes remain."""

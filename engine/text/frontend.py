@@ -9,7 +9,7 @@ g2p state); it holds no per-request state, so one instance can serve every reque
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Iterable
 
 from engine.data import load_json
@@ -157,6 +157,13 @@ class TextFrontend:
         if len(features.phones) < MIN_PHONES:
             features = self._read("." + text, language, with_bert)
         return features
+
+    def add_bert(self, features: TextFeatures) -> TextFeatures:
+        """``features`` read without BERT (by a text worker process, engine.text.workers) with the BERT features
+        computed here: the same as ``phones_and_bert`` with BERT."""
+        if self.bert is None or features.bert is not None:
+            return features
+        return replace(features, bert=self._bert(features.segments))
 
     def _read(self, text: str, language: str, with_bert: bool) -> TextFeatures:
         segments = tuple(self.clean(t, lang) for lang, t in route(text, language))
