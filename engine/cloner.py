@@ -217,7 +217,7 @@ class VoiceCloner:
                  max_text_chars: int = EngineSettings.max_text_chars, scheduler=None,
                  fallback: DeviceFallback | None = None, reopen: Callable[[], Any] | None = None,
                  gate=None, conv_backend: str = "auto", lane: Executor | None = None,
-                 batches: "ReferenceBatches | None" = None, text_workers=None) -> None:
+                 batches: "ReferenceBatches | None" = None, text_workers=None, stream_context: int = 0) -> None:
         from engine.text.frontend import TextFrontend
 
         self.scheduler = scheduler  # engine.serving.Scheduler of these models; None: the official flow
@@ -240,6 +240,7 @@ class VoiceCloner:
                                      zh_g2p=models.zh_g2p)  # G2PW for v2+ Mandarin when its model is there
         # engine.text.workers.TextWorkers that read text in other processes (the same front end); None: here
         self._text_workers = text_workers
+        self.stream_context = stream_context  # EngineSettings.stream_context_tokens (0: the official whole prefix)
 
     def _device_work(self):
         """The section device work of this cloner runs in (see engine.serving.gate)."""
@@ -669,4 +670,4 @@ class VoiceCloner:
         m = self.models
         return SentenceStream(m.sovits, torch.tensor(phones, dtype=torch.long), ref.specs,
                               list(ref.sv) if ref.sv is not None else None, opts.speed_factor,
-                              opts.overlap_length, gen, fallback=self.fallback)
+                              opts.overlap_length, gen, fallback=self.fallback, context=self.stream_context)

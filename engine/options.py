@@ -267,6 +267,10 @@ class EngineSettings:
     # processes that read request texts (normalisation, g2p; engine.text.workers), so that the front end never
     # holds the engine's GIL; -1: 2 on CUDA (where the GIL feeds the GPU), none elsewhere; 0: the request threads
     text_processes: int = -1
+    # token streaming: the tokens before a chunk that its prefix encoders see; 0: the whole sentence so far (the
+    # official decode, its numbers); N: at most N, so a chunk costs the same however long its sentence (an
+    # approximation: docs/benchmarks.md "bounded context" gives its difference to the official decode)
+    stream_context_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.conv_backend not in ("auto", "cudnn", "native"):
@@ -277,7 +281,7 @@ class EngineSettings:
         if not _is_int(self.scheduler_context) or self.scheduler_context < 64:
             raise OptionsError(f"scheduler_context must be an integer >= 64, got {self.scheduler_context!r}")
         for name in ("reference_cache_entries", "reference_cache_bytes", "model_pool_bytes", "max_text_chars",
-                     "scheduler_slots", "scheduler_queue", "max_schedulers"):
+                     "scheduler_slots", "scheduler_queue", "max_schedulers", "stream_context_tokens"):
             v = getattr(self, name)
             if not _is_int(v) or v < 0:
                 raise OptionsError(f"{name} must be a non-negative integer, got {v!r}")

@@ -184,7 +184,8 @@ class Studio:
                              conv_backend=self.settings.conv_backend,
                              lane=self._lane if models.device.type != "cpu" else None,
                              batches=self._reference_batches if models.device.type == "cuda" else None,
-                             text_workers=self._text_workers_for(models))
+                             text_workers=self._text_workers_for(models),
+                             stream_context=self.settings.stream_context_tokens)
         if self.settings.warmup:
             with self._lock:
                 first = models.id not in self._warmed

@@ -647,8 +647,12 @@ class SentenceStream:
 
     def __init__(self, sovits, phones: torch.Tensor, refer: Sequence[torch.Tensor],
                  sv_emb: Sequence[torch.Tensor] | None, speed: float, overlap_length: int,
-                 generator: torch.Generator | None, fallback=None) -> None:
+                 generator: torch.Generator | None, fallback=None, context: int = 0) -> None:
         self.sovits, self.refer, self.sv_emb, self.speed = sovits, list(refer), sv_emb, speed
+        # tokens before the chunk (and its overlap) that its prefix encoders see: 0, the whole sentence so far (the
+        # official decode); N, at most N (each chunk then costs the same however far into its sentence: not the
+        # official numbers, see docs/benchmarks.md "bounded context")
+        self.context = context
         self.fallback = fallback  # engine.runtime.DeviceFallback: the "sovits" stage on the CPU when MPS lacks an op
         self.phones = phones.view(1, -1).to(next(sovits.parameters()).device)  # (1, P)
         self.phones_host = phones.view(-1).cpu()  # for batched decodes (host numbers go over in one copy)
@@ -670,7 +674,8 @@ class SentenceStream:
         ov = self.overlap_length
         if not first and n < STREAM_MIN_CHUNK:  # official: a short chunk gets a longer overlap
             ov += STREAM_MIN_CHUNK - n
-        return {"codes": torch.tensor(self.previous, dtype=torch.long), "text": self.phones_host,
+        seen = self.previous if not self.context or first else self.previous[-(self.context + n + ov):]
+        return {"codes": torch.tensor(seen, dtype=torch.long), "text": self.phones_host,
                 "result_length": None if first else n + ov, "generator": self.generator,
                 "overlap_frames": None if self.last_latent is None else self.last_latent[:, :, -ov * self.frames_per_token:],
                 "n": n, "ov": ov, "first": first, "final": final}
