@@ -2,7 +2,8 @@
 
 Per request, in order: an :class:`~studio.http.exchange.Exchange` with an id (sent back as
 ``X-Request-Id``); the credentials check (401, counted); the body limit against Content-Length (413
-before anything is read) and again while reading, with a read timeout (408); then the app. Anything
+before anything is read) and again while reading, with a read timeout (408), and a JSON body's items
+(``,`` and ``:``) against ``max_json_items`` as it arrives (400, before any route's parser); then the app. Anything
 the app lets escape becomes a JSON 500 naming the request id (the traceback goes to the log under that
 id), or, when the answer has already begun (a stream), a log line and a connection closed before the
 end of the chunked body, so the client sees an incomplete answer instead of a short one. Finally the
@@ -80,7 +81,7 @@ class Guard:
             return
         ex = Exchange(endpoint_label(local_path(scope)), client=str((scope.get("client") or ("",))[0] or ""))
         scope.setdefault("state", {})["exchange"] = ex
-        status = {"code": 500, "started": False}
+        status = {"code": 500, "started": False, "answered": False}  # answered: by the guard, mid-body
         try:
             await self._handle(scope, receive, send, ex, status)
         finally:
@@ -94,6 +95,8 @@ class Guard:
         streaming = {"yes": False}
 
         async def send_(message) -> None:
+            if status["answered"]:  # the guard refused the body as it arrived: the app's own answer is dropped
+                return
             if message["type"] == "http.response.start":
                 status["code"], status["started"] = message["status"], True
                 message = {**message, "headers": [*message.get("headers", ()), (b"x-request-id", ex.id.encode())]}
@@ -134,7 +137,16 @@ class Guard:
             return
         if not _has_body(headers):
             ex.body_complete()
-        receive_ = self._limited(receive, ex)
+        async def refuse_json() -> None:  # any route's parser (the page's too) would hold the GIL for seconds
+            if not status["started"]:
+                limit = limits.max_json_items
+                await self._reject(send_, ex, scope, 400, f"request body: JSON with more than {limit} ',' and ':' "
+                                                          "separators (max_json_items); send the named fields only",
+                                   [(b"connection", b"close")])
+            status["answered"] = True
+
+        json_body = b"json" in headers.get(b"content-type", b"").lower()  # application/json, */*+json
+        receive_ = self._limited(receive, ex, refuse_json if json_body else None)
         try:
             await self.app(scope, receive_, send_)
         except BodyTooLarge:  # the rest of the body is not read: the connection closes after the answer
@@ -164,12 +176,17 @@ class Guard:
             await self._reject(send_, ex, scope, 500, f"internal error (request id {ex.id}); the server log "
                                                       f"has the details")
 
-    def _limited(self, receive, ex: Exchange):
+    def _limited(self, receive, ex: Exchange, refuse_json=None):
+        """``receive`` within the body limits. ``refuse_json``: for a JSON body, answers it 400 when it holds more
+        items than ``max_json_items``; the app then reads a disconnect (whatever route or mounted app it is, it
+        stops before parsing, and its own answer is dropped)."""
         limits = self.ctx.limits
-        seen = {"bytes": 0, "done": False}
+        seen = {"bytes": 0, "done": False, "items": 0, "refused": False}
         deadline = time.monotonic() + limits.body_timeout_s  # the whole body, not each piece
 
         async def receive_() -> dict[str, Any]:
+            if seen["refused"]:
+                return {"type": "http.disconnect"}
             if seen["done"]:
                 message = await receive()
             else:
@@ -180,10 +197,17 @@ class Guard:
             if message["type"] == "http.disconnect":
                 ex.client_gone = True
             elif message["type"] == "http.request":
-                seen["bytes"] += len(message.get("body", b""))
+                piece = message.get("body", b"")
+                seen["bytes"] += len(piece)
                 seen["done"] = not message.get("more_body", False)
                 if seen["bytes"] > limits.max_upload_bytes:
                     raise BodyTooLarge()
+                if refuse_json is not None:
+                    seen["items"] += piece.count(b",") + piece.count(b":")
+                    if seen["items"] > limits.max_json_items:
+                        seen["refused"] = True
+                        await refuse_json()
+                        return {"type": "http.disconnect"}
                 if seen["done"]:
                     ex.body_complete()
             return message
