@@ -256,12 +256,14 @@ class Studio:
     def _close_idle_schedulers(self) -> int:
         """Degrade step: close the schedulers no request is using, releasing their KV-cache pools; bytes
         released. The next request on a model set makes a new one, sized from the memory free then."""
+        closed: list = []
         with self._lock:
-            idle = [(key, sched) for key, sched in self._schedulers.items() if sched.close_if_idle()]
-            for key, _ in idle:
-                del self._schedulers[key]
-            self._retired = [old for old in self._retired if not old.close_if_idle()]
-        return sum(sched.kv_bytes for _, sched in idle)
+            for key in [key for key, sched in self._schedulers.items() if sched.close_if_idle(wait=False)]:
+                closed.append(self._schedulers.pop(key))
+            self._sweep_retired_locked(closed)
+        for sched in closed:
+            sched.join()
+        return sum(sched.kv_bytes for sched in closed)
 
     def _evict_idle_models(self) -> int:
         """Degrade step: drop every pooled network but those of the default weights; bytes released."""
@@ -287,40 +289,51 @@ class Studio:
         + Retry-After) for the new set, and the running requests go on."""
         from engine.serving.scheduler import Scheduler, SchedulerConfig
 
-        with self._lock:
-            if self._retired:  # replaced ones close as soon as their last request is done
-                self._retired = [old for old in self._retired if not old.close_if_idle()]
-            sched = self._schedulers.get(models.id)
-            if sched is not None and sched.models.t2s is models.t2s and not sched.closed:
+        closed: list = []  # schedulers closed to make room: their threads are waited for outside the lock
+        try:
+            with self._lock:
+                self._sweep_retired_locked(closed)
+                sched = self._schedulers.get(models.id)
+                if sched is not None and sched.models.t2s is models.t2s and not sched.closed:
+                    return sched
+                if sched is not None:  # reloaded weights (or closed meanwhile): its running requests finish there
+                    del self._schedulers[models.id]
+                    sched.retire()
+                    self._retired.append(sched)
+                    self._sweep_retired_locked(closed)
+                self._make_room_locked(closed)
+                s = self.settings
+                sched = Scheduler(models, SchedulerConfig(slots=s.scheduler_slots, queue=s.scheduler_queue,
+                                                          context=s.scheduler_context, conv_backend=s.conv_backend,
+                                                          acoustic_buckets=s.acoustic_buckets,
+                                                          acoustic_graphs=s.acoustic_graphs),
+                                  gate=self.gate, on_event=self._count, fallback=self.fallback)
+                self._schedulers[models.id] = sched
                 return sched
-            if sched is not None:  # reloaded weights (or closed meanwhile): its running requests finish there
-                del self._schedulers[models.id]
-                sched.retire()
-                self._retired.append(sched)
-            self._make_room_locked()
-            s = self.settings
-            sched = Scheduler(models, SchedulerConfig(slots=s.scheduler_slots, queue=s.scheduler_queue,
-                                                      context=s.scheduler_context, conv_backend=s.conv_backend,
-                                                      acoustic_buckets=s.acoustic_buckets,
-                                                      acoustic_graphs=s.acoustic_graphs),
-                              gate=self.gate, on_event=self._count, fallback=self.fallback)
-            self._schedulers[models.id] = sched
-            return sched
+        finally:
+            for old in closed:
+                old.join()
 
-    def _make_room_locked(self) -> None:
-        """Room for one more scheduler: retired ones that are done close, then the oldest idle ones; BusyError
-        when every live scheduler has requests in flight."""
-        self._retired = [old for old in self._retired if not old.close_if_idle()]
+    def _sweep_retired_locked(self, closed: list) -> None:
+        """Replaced schedulers close as soon as their last request is done."""
+        keep = []
+        for old in self._retired:
+            (closed if old.close_if_idle(wait=False) else keep).append(old)
+        self._retired = keep
+
+    def _make_room_locked(self, closed: list) -> None:
+        """Room for one more scheduler: the oldest idle ones close; BusyError when every live scheduler
+        (replaced ones still finishing included) has requests in flight."""
         limit = self.settings.max_schedulers
         while len(self._schedulers) + len(self._retired) >= limit:
-            victim = next((key for key, old in self._schedulers.items() if old.close_if_idle()), None)
+            victim = next((key for key, old in self._schedulers.items() if old.close_if_idle(wait=False)), None)
             if victim is None:
                 busy = [*self._schedulers.values(), *self._retired]
                 wait = min((old.typical_seconds for old in busy), default=1.0)
                 raise BusyError(f"the server is serving {len(busy)} other model sets with requests in flight, the "
                                 f"most it holds at once (max_schedulers = {limit}); retry in {wait:.0f} s or use "
                                 "weights that are loaded already", retry_after=wait)
-            del self._schedulers[victim]
+            closed.append(self._schedulers.pop(victim))
 
     def drain(self, reason: str = "the server is shutting down; retry in a moment") -> int:
         """Shutdown has begun: every scheduler fails its queued requests (no audio made yet) with

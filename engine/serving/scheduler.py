@@ -426,10 +426,11 @@ class Scheduler:
         with self._cv:
             return not self._active and not self._n
 
-    def close_if_idle(self) -> bool:
+    def close_if_idle(self, wait: bool = True) -> bool:
         """Close this scheduler only if no request is admitted, atomically with admission: a request that
         comes after gets SchedulerClosedError (its cloner then asks for the model set's new scheduler), never
-        a shut-down error mid-decode. True when it was closed."""
+        a shut-down error mid-decode. True when it was closed (or was already). ``wait``: until its threads
+        have ended (else call :meth:`join` later, e.g. outside the caller's lock)."""
         with self._cv:
             if self._closed:
                 return True
@@ -437,25 +438,28 @@ class Scheduler:
                 return False
             self._closed = True
             self._cv.notify_all()
-        self._stop_threads()
+            self._acoustic.put(None)  # after every job queued so far: the acoustic stage voices those first
+        if wait:
+            self.join()
         return True
 
     def retire(self) -> None:
         """Admit nothing new (SchedulerClosedError) and close once the requests in flight are done (the
-        model set was reloaded: a new scheduler serves it); closes at once when idle."""
+        model set was reloaded: a new scheduler serves it; the engine closes it when it finds it idle)."""
         with self._cv:
             self._retired = True
-        if self.idle:
-            self.close_if_idle()
 
     def close(self) -> None:
         with self._cv:
+            already = self._closed
             self._closed = True
             self._cv.notify_all()
-        self._stop_threads()
+        if not already:
+            self._acoustic.put(None)
+        self.join()
 
-    def _stop_threads(self) -> None:
-        self._acoustic.put(None)
+    def join(self) -> None:
+        """Wait (a few seconds at most) for the threads of a closed scheduler to end."""
         for t in self._threads:
             t.join(timeout=5)
         self._text.shutdown(wait=False, cancel_futures=True)
