@@ -62,7 +62,12 @@ def to_pcm16(audio: np.ndarray) -> np.ndarray:
         return a
     if not np.issubdtype(a.dtype, np.floating):
         raise OptionsError(f"audio must be int16 or float, found {a.dtype}")
-    return np.clip(np.nan_to_num(a.astype(np.float64)) * 32768.0, -32768, 32767).astype(np.int16)
+    # x * 32768 is exact in the input's own float type (a power of two), so float32 audio stays float32: one
+    # scaled copy, clipped and cleaned in place (NaN -> 0; the clip bounds the infinities), then the cast
+    x = np.multiply(a, 32768.0, dtype=np.float64 if a.dtype == np.float64 else np.float32)
+    np.clip(x, -32768, 32767, out=x)
+    np.copyto(x, 0, where=np.isnan(x))
+    return x.astype(np.int16)
 
 
 def wav_stream_header(sample_rate: int, channels: int = 1, sample_width: int = 2) -> bytes:

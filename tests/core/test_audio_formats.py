@@ -39,6 +39,18 @@ def test_float_to_int16_is_the_official_scaling_without_wrapping() -> None:
         af.to_pcm16(np.zeros((2, 10), dtype=np.float32))
 
 
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_float_to_int16_equals_the_float64_formula_for_every_value(dtype) -> None:
+    """The conversion computes in the input's float type; it equals clip(nan_to_num(x) * 32768) in float64 for
+    every value: loud, quiet, +-1, NaN and the infinities."""
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal(20_000) * 2).astype(dtype)
+    x[:6] = [np.nan, np.inf, -np.inf, 1.0, -1.0, 0.99999]
+    with np.errstate(over="ignore"):
+        want = np.clip(np.nan_to_num(x.astype(np.float64)) * 32768.0, -32768, 32767).astype(np.int16)
+    np.testing.assert_array_equal(af.to_pcm16(x), want)
+
+
 @pytest.mark.parametrize("media_type", ["wav", "flac"])
 def test_lossless_formats_round_trip_exactly(media_type: str) -> None:
     pcm = _tone()
