@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Issue 31's GPU measurements, in two device calls of under 600 s each (a call's limit): every figure lands under
+# $OUT (at most 8 files come back).
+#   bash benchmarks/issue31_gpu.sh parts     # the round split, bounded context, the HTTP host cost (~390 s)
+#   bash benchmarks/issue31_gpu.sh product   # the product path, benchmarks/product_load.py (~570 s)
+# Run from the repository root on the device machine, after the wheels and dictionary are in place
+# (docs/benchmarks.md, "Device command"): the acoustic round's split (graphs and eager), bounded-context
+# streaming against the official decode, the HTTP server's own CPU cost on this host, then the product path.
+# Each step has its own time limit so that a slow one cannot take the others' time; a step that fails is
+# named in $OUT/steps.log and the next one runs.
+set -u
+OUT=${OUT:?set OUT to the folder that comes back}
+export PYTHONUNBUFFERED=1
+step() {  # step NAME SECONDS COMMAND...
+  local name=$1 limit=$2
+  shift 2
+  local t0=$SECONDS
+  timeout "$limit" "$@" >"$OUT/$name.txt" 2>&1
+  echo "$name: exit $? in $((SECONDS - t0)) s" | tee -a "$OUT/steps.log"
+}
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/steps.log"
+echo "ulimit -n $(ulimit -n)" | tee -a "$OUT/steps.log"
+if [ "${1:-parts}" = product ]; then
+  step product_load 570 python3 benchmarks/product_load.py --ref-dir .gpu/refset --gsv off --out "$OUT/product"
+  exit 0
+fi
+step round_split 150 python3 benchmarks/acoustic_round_split.py --device cuda --precision fp16 --rows 64,256 \
+  --graphs --rounds 20 --json "$OUT/round_split.json"
+step round_split_eager 90 python3 benchmarks/acoustic_round_split.py --device cuda --precision fp16 --rows 64 \
+  --rounds 10
+step stream_context 60 python3 benchmarks/stream_context.py --device cuda --precision fp16 --tokens 200 \
+  --contexts 0,32,64,128
+step http_host_cost 90 python3 benchmarks/http_host_cost.py --levels 1,64,256 --duration 8 --front-end \
+  --ref-dir .gpu/refset
