@@ -112,6 +112,7 @@ class Section:
     vocoder_coreml_package: str = ""  # the .mlpackage used when vocoder_backend is coreml
     g2pw_model_path: str = ""  # the G2PW model folder (Mandarin polyphones, v2+); empty: the official location
     max_tokens_per_sentence: int = 0  # a cap on semantic tokens per sentence (25 = 1 s); 0: the model's own
+    # (applied by serve, webui, cluster and synth; the Python API takes SynthesisOptions(early_stop_num=...))
     random_weights: bool = False  # a random-weight test set (make-test-weights): noise, not speech
     precision: str = ""  # auto | fp32 | fp16 | bf16 for every stage; "" = from is_half
     stage_precisions: tuple[tuple[str, str], ...] = ()  # (stage, precision) from a `precision` mapping

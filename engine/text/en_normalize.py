@@ -51,7 +51,7 @@ _OPERATORS = {"+": " plus ", "-": " minus ", "×": " times ", "÷": " divided by
 # match again are possessive. The official patterns retried every start inside a run and backtracked
 # through it (cubic for "123...9" with no "$" or "£" after it). Each change keeps the matches the same:
 # a match can only begin at the run's start, and a later start inside the run would meet the same text
-# after the run (tests/text/test_en_linear.py checks the two sets of patterns against each other).
+# after the run (tests/text/test_text_limits.py checks the two sets of patterns against each other).
 _LIST_ORDINAL_RE = re.compile(r"\b([0-9]+)\. ")
 _OPERAND = r"((-?)((?<!\d)(\d++)(\.\d++)?[⁰¹²³⁴⁵⁶⁷⁸⁹ˣʸⁿ]*)|(\.\d+[⁰¹²³⁴⁵⁶⁷⁸⁹ˣʸⁿ]*)|([A-Za-z][⁰¹²³⁴⁵⁶⁷⁸⁹ˣʸⁿ]*))"
 _ARITHMETIC_RE = re.compile(_OPERAND + r"\s+([\+\-\×÷=])\s+" + _OPERAND)
