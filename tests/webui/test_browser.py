@@ -144,6 +144,34 @@ def test_the_page_speaks_the_browsers_language_and_switches(url) -> None:
         _screenshot(page, "webui-zh.png", "webui-zh.png")
 
 
+def test_gradios_own_texts_and_the_clip_prompts_follow_the_switch(url) -> None:
+    """Gradio writes its own texts (upload prompts, the recorder's buttons, the players' button titles) once, in
+    the language the page opened with; the switch re-words them, also in widgets made after it."""
+    with browser_page(url, "en-US") as page:
+        page.wait_for_selector("#ref-audio:has-text('Drop Audio Here')", timeout=60_000)
+        page.locator("#ref-audio input[type=file]").set_input_files(str(REF))
+        page.wait_for_selector("#ref-info:has-text('5.85 s at')", timeout=90_000)
+        assert page.locator("#ref-audio button[aria-label='Download']").count() == 1
+        page.locator("#ui-language").get_by_text("中文").click()
+        page.wait_for_selector("#aux:has-text('将文件拖放到此处')", timeout=30_000)
+        aux = page.locator("#aux").inner_text()
+        assert "- 或 -" in aux and "点击上传" in aux and "Drop" not in aux and "Click" not in aux, aux
+        page.wait_for_selector("#ref-info:has-text('5.85 秒')", timeout=30_000)  # the clip's prompt (server-written)
+        assert page.locator("#ref-audio button[aria-label='下载']").count() == 1  # the player's buttons
+        page.locator("#ref-audio button[aria-label='清除']").click()
+        page.wait_for_selector("#ref-audio:has-text('将音频拖放到此处')", timeout=30_000)  # made again, after the switch
+        assert "Drop Audio Here" not in page.locator("#ref-audio").inner_text()
+        page.locator("#ref-audio button[aria-label='Record audio']").click()  # the recorder: made after the switch
+        page.wait_for_selector("#ref-audio button.record-button:has-text('录制')", timeout=30_000)
+        page.locator("#ui-language").get_by_text("English").click()
+        page.wait_for_selector("#ref-audio button.record-button:has-text('Record')", timeout=30_000)
+        page.wait_for_selector("#aux:has-text('Drop File Here')", timeout=30_000)
+        page.locator("#ui-language").get_by_text("日本語").click()
+        page.wait_for_selector("#ref-audio button.record-button:has-text('録音')", timeout=30_000)
+        page.wait_for_selector("#aux:has-text('ファイルをここにドロップ')", timeout=30_000)
+        _screenshot(page, "webui-ja-switched.png", "webui-ja-switched.png")
+
+
 def test_model_pickers_list_short_names_and_flag_a_pair_that_does_not_belong(page) -> None:
     page.wait_for_selector("#generate", timeout=60_000)
     assert page.locator("#gpt input").input_value().startswith("v2 · ")
