@@ -33,6 +33,7 @@ from webui.uploads import uploads_only
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 _t = I18nData  # _t("key"): a text the browser translates (webui/locale/*.json)
 TICK_S = 1.0  # while a synthesis runs, its progress line is rewritten at least this often
+CONTROL_WIDTH = 260  # px: the narrowest column a settings control gets (a row wraps what does not fit)
 
 
 @dataclass(frozen=True)
@@ -186,13 +187,14 @@ def _settings_panels(page: Page, studio) -> None:
         page.new_seed = gr.Button(_t("new_seed"), size="sm")
     advanced = [c for c in form.CONTROLS if c.group == "advanced"]
     with gr.Accordion(_t("advanced"), open=False, elem_id="advanced"):
-        # the values in one row, the switches in the next; each wide enough for its label and help text
-        # in every language (a row wraps what does not fit)
+        # the values in one row, the switches in the next; each in a column wide enough for its label and
+        # help text in every language, so that a narrow screen (a phone) stacks them instead of squeezing them
         switches = [c for c in advanced if c.widget == "checkbox"]
         for widgets in ([c for c in advanced if c not in switches], switches):
             with gr.Row(equal_height=False):
                 for c in widgets:
-                    page.inputs[c.name] = _control(c)
+                    with gr.Column(min_width=CONTROL_WIDTH, elem_classes="control"):
+                        page.inputs[c.name] = _control(c)
     with gr.Accordion(_t("engine_stages"), open=False):
         gr.Markdown(stage_table(studio), elem_id="engine-stages")
 

@@ -62,12 +62,12 @@ def page(url):
 
 
 @contextmanager
-def browser_page(url: str, locale: str):
-    """A fresh chromium profile whose browser language is ``locale``, on the page."""
+def browser_page(url: str, locale: str, width: int = 1280):
+    """A fresh chromium profile whose browser language is ``locale``, on the page, ``width`` px wide."""
     profile = tempfile.mkdtemp(prefix="sovits-chromium-")
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch_persistent_context(profile, executable_path=str(CHROMIUM), headless=True,
-                                                       args=CHROMIUM_FLAGS, viewport={"width": 1280, "height": 1000},
+                                                       args=CHROMIUM_FLAGS, viewport={"width": width, "height": 1000},
                                                        locale=locale)
         try:  # launch_persistent_context passes the fresh profile folder as --user-data-dir
             page = browser.new_page()

@@ -1,6 +1,7 @@
 """The page in chromium, as a newcomer reads it: the progress line stays up for the whole of a long
-synthesis (sentence n of N, elapsed and remaining time; whole-file and streamed), and every label and
-help text of the settings panels is shown whole in each of the page's languages."""
+synthesis (sentence n of N, elapsed and remaining time; whole-file and streamed), every label and
+help text of the settings panels is shown whole in each of the page's languages, and the Advanced panel
+reads in plain words and works on a phone (420 px)."""
 
 from __future__ import annotations
 
@@ -79,7 +80,7 @@ def test_progress_stays_up_for_the_whole_synthesis(url, streamed) -> None:
         _fill(page)
         if streamed:
             page.locator("text=Advanced").first.click()
-            page.get_by_label("token streaming").check()
+            page.get_by_label("Play in small chunks").check()
         samples = _sample_progress(page)
     running = [(t, s) for t, s in samples[:-1] if t > 0.3]  # the first moments: the click reaching the server
     assert len(running) >= 20, samples  # a long run: several seconds of samples
@@ -149,3 +150,46 @@ def test_every_label_of_the_settings_panels_is_shown_whole(url, locale) -> None:
         shown = page.locator("#advanced").inner_text()
         for label in expected:
             assert label in shown, label
+
+
+ADVANCED = ("batch_size", "fragment_interval", "sample_steps", "early_stop_num", "parallel_infer", "split_bucket",
+            "streaming_mode", "super_sampling")
+
+
+@pytest.mark.parametrize("locale", ["en-US", "zh-CN"])
+def test_the_advanced_panel_reads_in_plain_words_and_works_at_phone_width(url, locale) -> None:
+    from webui.app import CONTROL_WIDTH
+    from webui.i18n import normalize, text
+
+    shown_locale = normalize(locale)
+    with browser_page(url, locale, width=420) as page:
+        page.wait_for_selector(f"#advanced:has-text('{text('advanced', shown_locale)}')", timeout=60_000)
+        page.locator("#advanced button.label-wrap").first.click()
+        page.wait_for_selector(f"#advanced:has-text('{text('super_sampling', shown_locale)}')", timeout=30_000)
+        shown = page.locator("#advanced").inner_text()
+        for name in ADVANCED:  # a label a user knows, the parameter's name in its help text
+            assert text(name, shown_locale) in shown and "_" not in text(name, shown_locale), name
+            assert text(f"{name}.info", shown_locale).startswith(name) and text(f"{name}.info", shown_locale) in shown
+        assert page.evaluate("document.documentElement.scrollWidth") <= 420  # nothing to scroll sideways to
+        assert page.evaluate(TEXTS_SHOWN_WHOLE, "#advanced") == [], locale
+        widths = page.evaluate("() => [...document.querySelectorAll('#advanced .control')]"
+                               ".map(e => e.getBoundingClientRect().width)")
+        assert len(widths) == len(ADVANCED) and min(widths) >= CONTROL_WIDTH, widths  # stacked, not squeezed
+        # it works with a finger: a switch toggles from its label, a value can be typed
+        streaming = page.get_by_label(text("streaming_mode", shown_locale))
+        assert not streaming.is_checked()
+        page.get_by_text(text("streaming_mode", shown_locale), exact=True).click()
+        assert streaming.is_checked()
+        batch = page.locator("#advanced input[type=number]").first
+        batch.fill("4")
+        batch.press("Tab")
+        assert batch.input_value() == "4"
+        if locale == "en-US":
+            _shot(page, "webui-advanced-420.png")
+
+
+def _shot(page, name: str) -> None:
+    from tests.webui.test_browser import OUTPUT
+
+    OUTPUT.mkdir(parents=True, exist_ok=True)
+    page.locator("#advanced").screenshot(path=str(OUTPUT / name))
