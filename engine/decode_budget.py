@@ -76,9 +76,9 @@ class DecodeBudget:
                 raise ReferenceAudioError(f"{what} would decode to {nbytes / MIB:.0f} MiB, more than this "
                                           f"server's whole decoding budget of {self.max_bytes / MIB:.0f} MiB "
                                           "(decode_budget_bytes); send a shorter clip with fewer channels")
-            raise DecodeBudgetError(f"the server is decoding other clips ({held / MIB:.0f} of "
+            raise DecodeBudgetError(f"the server is decoding other clips ({held / MIB:.1f} of "
                                     f"{self.max_bytes / MIB:.0f} MiB, decode_budget_bytes); {what} needs "
-                                    f"{nbytes / MIB:.0f} MiB: retry in a moment", retry_after=self.retry_after)
+                                    f"{nbytes / MIB:.1f} MiB: retry in a moment", retry_after=self.retry_after)
         try:
             yield
         finally:
