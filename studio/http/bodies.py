@@ -4,8 +4,9 @@ before any work starts (never a parser's exception, never its text in the answer
 JSON: UTF-8 (or the UTF-16/32 that ``json`` detects), at most ``max_depth`` levels of nesting, one
 object, at most ``max_items`` separators (``,`` and ``:``, a bound on its members and items) counted before
 the parser runs: the parser holds the interpreter lock, so a body of a million keys would stall every other
-request for a second even on a worker thread. Forms: multipart or urlencoded, a bounded number of fields and files, every text field UTF-8.
-The size and read-time limits of the whole body are the guard's (:mod:`studio.http.guard`).
+request for a second even on a worker thread (the guard counts them too, as the body arrives, for every route).
+Forms: multipart or urlencoded, a bounded number of fields and files, every text field UTF-8. The size and
+read-time limits of the whole body are the guard's (:mod:`studio.http.guard`).
 """
 
 from __future__ import annotations

@@ -76,11 +76,11 @@ class ServerLimits:
             if f.name in ("max_tokens_per_sentence", "max_queue") and value is None:
                 continue
             if f.type in ("int", "int | None"):
-                low = 1 if f.name in ("workers", "max_upload_bytes", "max_json_depth", "max_json_items", "max_connections",
-                                      "max_pending_chunks", "max_tokens_per_sentence", "max_header_line_bytes",
-                                      "max_connections_per_client", "max_uploads_per_client", "decode_budget_bytes",
-                                      "max_profiles_bytes",
-                                      "max_header_bytes", "max_headers") else 0
+                low = 1 if f.name in ("workers", "max_upload_bytes", "max_json_depth", "max_json_items",
+                                      "max_connections", "max_pending_chunks", "max_tokens_per_sentence",
+                                      "max_header_line_bytes", "max_connections_per_client", "max_uploads_per_client",
+                                      "decode_budget_bytes", "max_profiles_bytes", "max_header_bytes",
+                                      "max_headers") else 0
                 if not isinstance(value, int) or isinstance(value, bool) or value < low:
                     raise OptionsError(f"{f.name} must be an integer >= {low}, got {value!r}", field=f.name)
             elif (not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value)

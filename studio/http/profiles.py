@@ -31,7 +31,6 @@ from pathlib import Path
 from engine.errors import EngineError, OptionsError, ReferenceAudioError, with_field
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".mp3")
 PROFILE_FILE = "profile.json"
 MAX_PROMPT_CHARS = 1000
 MAX_PROFILES = 256  # saved voices (ServerLimits.max_profiles)
