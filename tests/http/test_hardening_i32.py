@@ -244,3 +244,39 @@ def test_a_body_that_arrives_after_sigterm_gets_503_with_retry_after(tmp_path, r
     assert start["status"] == 503, body_bytes  # 2f66d90: 500 "internal error"
     assert dict(start["headers"]).get(b"retry-after") == b"1" and b"shutting down" in body_bytes
     assert studio.steps == 0
+
+
+# ---- 10: clips with absurd samples ------------------------------------------------------------------------------
+
+
+def test_clips_with_absurd_samples_are_a_clear_400(tmp_path, refs) -> None:
+    import io
+
+    import numpy as np
+    import soundfile as sf
+
+    from tests.core.test_audio_budget import _tone
+
+    def wav(x: np.ndarray) -> bytes:
+        buf = io.BytesIO()
+        sf.write(buf, x, 16000, format="WAV", subtype="FLOAT")
+        return buf.getvalue()
+
+    speech = _tone(4.0, 16000)[:, 0]
+    spikes, nan = speech.copy(), speech.copy()
+    spikes[::1000] = 1e30
+    nan[100] = np.nan
+    clips = {"spikes": (wav(spikes), "samples of 1e+30"), "negative": (wav(-np.abs(spikes)), "samples of 1e+30"),
+             "nan": (wav(nan), "NaN or infinite samples"), "dc": (wav(np.full(64000, 0.5, np.float32)), "constant level")}
+    app = make_app(ScriptedStudio(tmp_path), refs)
+    form = {"prompt_text": "Hello.", "prompt_lang": "en"}
+
+    async def calls(c):
+        return {name: await c.post("/v1/voices", data={**form, "name": name}, files={"audio": ("c.wav", clip)})
+                for name, (clip, _) in clips.items()}
+
+    answers = asgi(app, calls)
+    for name, (_, says) in clips.items():  # 2f66d90: spikes, negative and dc were saved (201)
+        r = answers[name]
+        assert r.status_code == 400 and r.json()["error"]["param"] == "audio", (name, r.text)
+        assert says in r.json()["error"]["message"], (name, r.text)
