@@ -123,7 +123,7 @@ def test_slow_senders_from_one_address_cannot_take_every_place(tmp_path, refs) -
             await app(_scope(("10.0.0.1", port), len(body)), receive, send)
 
         slow = [asyncio.create_task(slow_sender(40000 + i)) for i in range(12)]
-        for _ in range(200):  # until each slow sender holds a place or has its answer
+        for _ in range(3000):  # until each slow sender holds a place or has its answer
             await asyncio.sleep(0.01)
             if app.state.context.admission.active + sum(1 for a in answers if a) == 12:
                 break
@@ -229,7 +229,7 @@ def test_a_body_that_arrives_after_sigterm_gets_503_with_retry_after(tmp_path, r
 
         scope = {**_scope(("10.0.0.3", 40000), len(raw)), "path": path, "raw_path": path.encode()}
         call = asyncio.create_task(app(scope, receive, send))
-        for _ in range(500):  # until the request is admitted and waits for the rest of its body
+        for _ in range(3000):  # until the request is admitted and waits for the rest of its body
             await asyncio.sleep(0.01)
             if app.state.context.admission.active == 1:
                 break

@@ -177,7 +177,7 @@ def test_concurrent_uploads_cannot_overshoot_the_folder_quota(tmp_path) -> None:
                 return (await c.post("/gradio_api/upload", files={"files": ("x.wav", b"x" * 300)})).status_code
 
             tasks = [asyncio.create_task(upload()) for _ in range(10)]
-            for _ in range(1000):  # until each upload reached the store or was refused
+            for _ in range(6000):  # until each upload reached the store or was refused
                 await asyncio.sleep(0.005)
                 if state["arrived"] + sum(t.done() for t in tasks) == 10:
                     break
