@@ -105,7 +105,8 @@ def build_ui(studio, config=None, catalog: ModelCatalog | None = None, settings:
         page = Page()
         _header(page, settings, _notice(studio, settings, i18n.DEFAULT))
         _model_pickers(page, catalog, studio.default_weights)
-        _missing_panel(page, handlers.missing_report(missing, config.active.version if config else "", i18n.DEFAULT))
+        _missing_panel(page, handlers.missing_report(missing, config.active.version if config else "", i18n.DEFAULT,
+                                                     config.base_dir if config else None))
         with gr.Row():
             with gr.Column():
                 _reference_inputs(page)
@@ -228,7 +229,8 @@ def _wire(demo: gr.Blocks, page: Page, studio, config, catalog: ModelCatalog, se
     page.new_seed.click(handlers.new_seed, None, page.inputs["seed"], api_name="new_seed", queue=False)
     notes = _wire_notes(page, studio, catalog)
     _wire_models(page, config, catalog)
-    _wire_language(demo, page, notes, studio, settings, missing, config.active.version if config else "")
+    _wire_language(demo, page, notes, studio, settings, missing, config.active.version if config else "",
+                   config.base_dir if config else None)
 
 
 def _wire_notes(page: Page, studio, catalog: ModelCatalog) -> dict:
@@ -270,11 +272,11 @@ def _wire_models(page: Page, config, catalog: ModelCatalog) -> None:
 
 
 def _wire_language(demo: gr.Blocks, page: Page, notes: dict, studio, settings: UISettings, missing: dict,
-                   version: str) -> None:
+                   version: str, root) -> None:
     """The switch starts at the browser's language; changing it re-translates the page in the browser and
     rewrites the texts the server wrote."""
     def page_texts(locale, gpt, sovits):  # need no engine module: back at once, even during a warm-up
-        return (_notice(studio, settings, locale), handlers.missing_report(missing, version, locale),
+        return (_notice(studio, settings, locale), handlers.missing_report(missing, version, locale, root),
                 notes["pair"](gpt, sovits, locale))
 
     def input_notes(locale, path, text, text_lang):  # read the clip, detect the text's language
@@ -378,8 +380,8 @@ def _super_sampler(v: dict, studio, catalog: ModelCatalog, store):
     if version != "v3":
         return None, i18n.text("super_sampling.v3_only", locale, version=version)
     sampler = store.get()
-    return sampler, "" if sampler is not None else i18n.text("super_sampling.missing", locale,
-                                                              folder=str(store.path.parent))
+    folder = handlers.shown_path(store.path.parent, studio.default_weights.base_dir)  # no server path
+    return sampler, "" if sampler is not None else i18n.text("super_sampling.missing", locale, folder=folder)
 
 
 def _notice(studio, settings: UISettings, locale: str) -> str:

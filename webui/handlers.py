@@ -154,12 +154,36 @@ def missing_weights(config, weights) -> dict[str, Path]:
     return missing
 
 
-def missing_report(missing: dict[str, Path], version: str, locale: str = "en") -> str:
+MODEL_FOLDER = "<model folder>"  # what the page says instead of the weight root's path on the server
+
+
+def shown_path(path: str | os.PathLike, root: str | os.PathLike | None) -> str:
+    """``path`` as the page may show it: relative to the weight root ``root`` (POSIX separators), or only its
+    file name when it lies elsewhere; never the server's absolute path."""
+    path = Path(path)
+    if root is not None:
+        try:
+            return path.resolve().relative_to(Path(root).resolve()).as_posix()
+        except ValueError:
+            pass
+    return path.as_posix() if not path.is_absolute() else f"…/{path.name}"
+
+
+def hide_root(text: str, root: str | os.PathLike) -> str:
+    """``text`` with the weight root's absolute path (as given and resolved) replaced by :data:`MODEL_FOLDER`."""
+    for form in sorted({str(root), str(Path(root).resolve())}, key=len, reverse=True):
+        text = text.replace(form, MODEL_FOLDER)
+    return text
+
+
+def missing_report(missing: dict[str, Path], version: str, locale: str = "en",
+                   root: str | os.PathLike | None = None) -> str:
+    """The missing-weights panel: each missing file relative to the weight root ``root``."""
     from webui.i18n import text
 
     if not missing:
         return ""
-    rows = "\n".join(f"- `{key}`: `{path}`" for key, path in missing.items())
+    rows = "\n".join(f"- `{key}`: `{shown_path(path, root)}`" for key, path in missing.items())
     command = f"sovits-studio download --version {version}"
     hint = text("weights.missing_hint", locale, command=command)
     return f"{text('weights.missing', locale, version=version)}\n{rows}\n\n{hint}"
@@ -198,5 +222,5 @@ def download_weights(root: str | os.PathLike, version: str, fetch: Callable[...,
         (fetch or download)(root, assets_for([version]), log=lines.append,
                             check_command=check_command([version], root), on_progress=on_progress)
     except EngineError as e:
-        return f"{text('download.failed', locale)}\n\n```\n{e}\n```"
-    return f"{text('download.done', locale)}\n\n```\n" + "\n".join(lines[-20:]) + "\n```"
+        return f"{text('download.failed', locale)}\n\n```\n{hide_root(str(e), root)}\n```"
+    return f"{text('download.done', locale)}\n\n```\n" + hide_root("\n".join(lines[-20:]), root) + "\n```"

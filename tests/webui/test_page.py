@@ -319,10 +319,13 @@ def test_missing_weights_are_listed_and_the_download_explains_itself_offline(tmp
     config = load_config(REPO / "configs" / "tts_infer.yaml", base_dir=tmp_path)
     missing = handlers.missing_weights(config, WeightSet.from_config(config))
     assert set(missing) == {"t2s_weights_path", "vits_weights_path", "bert_base_path", "cnhuhbert_base_path"}
-    report = handlers.missing_report(missing, "v2")
-    assert "s2G2333k.pth" in report and "Download the official weights" in report
-    assert "sovits-studio download --version v2" in report
-    assert "缺少模型文件" in handlers.missing_report(missing, "v2", "zh-CN")
+    report = handlers.missing_report(missing, "v2", root=tmp_path)
+    assert "`GPT_SoVITS/pretrained_models/gsv-v2final-pretrained/s2G2333k.pth`" in report
+    assert "Download the official weights" in report
+    assert "sovits-studio download --version v2" in report and "model folder" in report
+    assert str(tmp_path) not in report and str(tmp_path.resolve()) not in report  # no server path on the page
+    assert "缺少模型文件" in handlers.missing_report(missing, "v2", "zh-CN", root=tmp_path)
+    assert handlers.shown_path("/elsewhere/models/s1.ckpt", tmp_path) == "…/s1.ckpt"  # outside the root: its name
 
     class OfflineHub:
         def hf_hub_download(self, **_):
@@ -331,7 +334,9 @@ def test_missing_weights_are_listed_and_the_download_explains_itself_offline(tmp
     monkeypatch.setattr(download, "_hub", lambda: OfflineHub())
     message = handlers.download_weights(tmp_path, "v2")
     assert message.startswith("The download did not complete") and "cannot be reached" in message
-    assert f"sovits-studio download --version v2 --root {tmp_path} --check" in message  # as the CLI says it
+    # as the CLI says it, the weight root named, not shown
+    assert "sovits-studio download --version v2 --root <model folder> --check" in message
+    assert str(tmp_path) not in message and str(tmp_path.resolve()) not in message
     assert "s2G2333k.pth" in message and not (tmp_path / "GPT_SoVITS" / "pretrained_models" / "s2G2333k.pth").exists()
 
 

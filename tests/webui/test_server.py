@@ -5,6 +5,7 @@ login, and a page that opens when weights are missing."""
 from __future__ import annotations
 
 import base64
+import json
 import io
 import threading
 import time
@@ -251,6 +252,7 @@ def test_the_page_opens_when_weights_are_missing(tmp_path) -> None:
         page = httpx.get(f"{url}/config").json()
         text = " ".join(str(c["props"].get("value") or "") for c in page["components"] if c["type"] == "markdown")
         assert "Weights are missing" in text and "s2G2333k.pth" in text
+        assert str(tmp_path) not in json.dumps(page) and str(tmp_path.resolve()) not in json.dumps(page)  # no path
         client = Client(url + "/", verbose=False, download_files=False)
         with pytest.raises(AppError, match="does not exist"):
             _request(client).result()
