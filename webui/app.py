@@ -224,7 +224,10 @@ def _wire(demo: gr.Blocks, page: Page, studio, config, catalog: ModelCatalog, se
     widgets = {**page.inputs, "gpt_weights": page.gpt, "sovits_weights": page.sovits, "ui_language": page.ui_language}
     widen = lambda v: _super_sampler(v, studio, catalog, super_sampler)  # noqa: E731
     generate = _generate_handler(names, studio, settings, pool, widen, catalog)
-    running = page.generate.click(generate, [widgets[n] for n in names], list(page.outputs), api_name="generate")
+    # the status line (webui.progress) is the one progress display; Gradio's overlay would cover the outputs,
+    # restart its timer and come and go with each piece of audio (API clients still get gr.Progress updates)
+    running = page.generate.click(generate, [widgets[n] for n in names], list(page.outputs), api_name="generate",
+                                  show_progress="hidden")
     page.stop.click(None, None, None, cancels=[running])
     page.new_seed.click(handlers.new_seed, None, page.inputs["seed"], api_name="new_seed", queue=False)
     notes = _wire_notes(page, studio, catalog)

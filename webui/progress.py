@@ -1,5 +1,7 @@
-"""The page's progress line for one synthesis: sentence n of N, the time it has taken and about how much
-is left, shown for the whole run (not only between two pieces of audio, as Gradio's own bar is).
+"""The page's progress line for one synthesis: the stage (preparing, sentence n of N, finishing), one bar,
+the time it has taken and about how much is left, shown for the whole run. It is the page's only progress
+display: Gradio's own overlay is off for the synthesis (it covered the outputs, restarted its timer and
+came and went between two pieces of audio).
 
 The engine reports each finished sentence from its worker thread (:meth:`SynthesisProgress.update`); the
 page's handler reads :meth:`SynthesisProgress.line` on each piece of audio and once a second in between.
@@ -53,10 +55,10 @@ class SynthesisProgress:
         from webui.i18n import text
 
         done, total, elapsed, left = self.snapshot()
+        filled = round(BAR_CELLS * done / total) if total else 0
+        bar = "▰" * filled + "▱" * (BAR_CELLS - filled)  # the same bar from the first moment: the line never jumps
         if not total:
-            return text("progress.starting", locale, elapsed=clock(elapsed))
-        filled = round(BAR_CELLS * done / total)
-        bar = "▰" * filled + "▱" * (BAR_CELLS - filled)
+            return text("progress.starting", locale, bar=bar, elapsed=clock(elapsed))
         if done >= total:
             return text("progress.finishing", locale, total=total, bar=bar, elapsed=clock(elapsed))
         return text("progress.running", locale, current=done + 1, total=total, bar=bar, elapsed=clock(elapsed),

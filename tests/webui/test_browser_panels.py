@@ -61,8 +61,16 @@ def _fill(page) -> None:
     page.get_by_role("option", name="cut5: at every punctuation mark").click()
 
 
-def _sample_progress(page) -> list[tuple[float, str]]:
-    """(seconds since Generate, #status text) every 0.1 s until the seed of the finished run shows."""
+# Gradio's own progress overlays (status trackers) over the outputs that can be seen: their texts
+OVERLAYS = """() => [...document.querySelectorAll(
+    '#stream-audio [data-testid=status-tracker], #full-audio [data-testid=status-tracker], #status [data-testid=status-tracker]')]
+  .filter(w => !w.classList.contains('hide') && getComputedStyle(w).opacity !== '0' && w.getBoundingClientRect().height > 0)
+  .map(w => w.innerText.trim() || w.className)"""
+
+
+def _sample_progress(page, overlays: list | None = None) -> list[tuple[float, str]]:
+    """(seconds since Generate, #status text) every 0.1 s until the seed of the finished run shows; the
+    Gradio overlays seen meanwhile go to ``overlays``."""
     samples, start = [], time.monotonic()
     page.locator("#generate").click()
     while time.monotonic() - start < 240:
@@ -70,8 +78,15 @@ def _sample_progress(page) -> list[tuple[float, str]]:
         samples.append((time.monotonic() - start, text.strip()))
         if "Seed" in text:
             return samples
+        if overlays is not None:
+            overlays.extend(page.evaluate(OVERLAYS))
         time.sleep(0.1)
     raise AssertionError(f"the run did not finish: {samples[-5:]}")
+
+
+def _seconds(clock: str) -> int:
+    parts = [int(p) for p in clock.split(":")]
+    return sum(p * 60 ** i for i, p in enumerate(reversed(parts)))
 
 
 @pytest.mark.parametrize("streamed", [False, True], ids=["whole-file", "streamed"])
@@ -81,7 +96,9 @@ def test_progress_stays_up_for_the_whole_synthesis(url, streamed) -> None:
         if streamed:
             page.locator("text=Advanced").first.click()
             page.get_by_label("Play in small chunks").check()
-        samples = _sample_progress(page)
+        overlays: list = []
+        samples = _sample_progress(page, overlays)
+    assert overlays == []  # one progress display: no Gradio overlay came and went over the outputs
     running = [(t, s) for t, s in samples[:-1] if t > 0.3]  # the first moments: the click reaching the server
     assert len(running) >= 20, samples  # a long run: several seconds of samples
     shown = [s for _, s in running if "elapsed" in s]
@@ -94,6 +111,9 @@ def test_progress_stays_up_for_the_whole_synthesis(url, streamed) -> None:
     assert any("left" in s and "?" not in s for s in counts), counts  # an estimate of the time left
     elapsed = {s.split(" elapsed")[0].split("· ")[-1] for s in shown}
     assert len(elapsed) >= 3, elapsed  # the clock moves between the sentences too
+    clock = [_seconds(s.split(" elapsed")[0].split("· ")[-1]) for s in shown]
+    assert clock == sorted(clock), clock  # one timer for the whole run: it never starts again
+    assert all(s.count("▰") + s.count("▱") == 20 for s in shown), shown  # one bar, from the first moment
 
 
 # Every text of a panel, whole: not cut by an ancestor that clips, not wider than its box, not squeezed
