@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 _TTS = "GPT_SoVITS/TTS_infer_pack/TTS.py::TTS_Config."
 
+_SPACES = re.compile(r" {2,}")  # compiled once here: re's own cache overflows during warm-up
 MIN_PHONES = 6  # fewer phones than this: the whole text is re-read once with a leading "."
 
 
@@ -150,7 +151,7 @@ class TextFrontend:
         if not isinstance(text, str):
             raise TextError(f"text must be a str, not {type(text).__name__}")
         self.check_language(language)
-        text = re.sub(r" {2,}", " ", text)
+        text = _SPACES.sub(" ", text)
         if not text.strip():
             raise TextError("the text is empty: enter something to read")
         features = self._read(text, language, with_bert)

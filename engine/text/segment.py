@@ -171,8 +171,18 @@ def merge_short_text_in_array(texts: list[str], threshold: int) -> list[str]:
     return out
 
 
+@lru_cache(maxsize=1)
+def _clause_end() -> re.Pattern:
+    """The official split marks as one character class, compiled once: kept here, not in ``re``'s own cache,
+    which the warm-up's many patterns overflow (the first request would compile it again)."""
+    return re.compile("[" + re.escape("".join(sorted(splits()))) + "]")
+
+
+_NON_WORD = re.compile(r"\W+")
+
+
 def _first_clause(text: str) -> str:
-    return re.split("[" + re.escape("".join(sorted(splits()))) + "]", text)[0].strip()
+    return _clause_end().split(text)[0].strip()
 
 
 def pre_seg_text(text: str, lang: str, method: str) -> list[str]:
@@ -195,7 +205,7 @@ def pre_seg_text(text: str, lang: str, method: str) -> list[str]:
     items = merge_short_text_in_array([t for t in items if t not in (" ", "")], MIN_CHUNK_CHARS)
     out = []
     for t in items:
-        if not t.strip() or not re.sub(r"\W+", "", t):
+        if not t.strip() or not _NON_WORD.sub("", t):
             continue  # blank or symbols only
         if t[-1] not in splits():
             t += stop

@@ -44,7 +44,9 @@ def create_app(studio: "Studio", settings: ServerSettings = ServerSettings(),
     ctx = _context(studio, settings, on_control)
 
     @asynccontextmanager
-    async def lifespan(_app: FastAPI):
+    async def lifespan(app: FastAPI):
+        await _first_thread_hop()
+        _route_contexts(app)
         yield
         ctx.drain()
         ctx.runner.shutdown(wait=False)
@@ -58,6 +60,32 @@ def create_app(studio: "Studio", settings: ServerSettings = ServerSettings(),
     _add_service_routes(app, ctx)
     app.add_middleware(Guard, ctx=ctx, api=app)  # outermost of ours: sees every answer, 401 and 413 included
     return app
+
+
+async def _first_thread_hop() -> None:
+    """The event loop's first hop to a worker thread (what a sync route and a request body read take), at start:
+    it imports anyio's asyncio backend (~0.1 s on a busy CPU, the loop blocked meanwhile), which would otherwise
+    fall on the first request."""
+    from starlette.concurrency import run_in_threadpool
+
+    await run_in_threadpool(lambda: None)
+
+
+def _route_contexts(app) -> None:
+    """What FastAPI looks up at each route's first call (its source file and line, for error messages: a read
+    and tokenize of the module), at start rather than on the first request. Its cache is FastAPI's own."""
+    from fastapi import routing
+
+    extract = getattr(routing, "_extract_endpoint_context", None)  # FastAPI's; without it, nothing to do
+    if extract is None:
+        return
+    routes = list(app.routes)
+    while routes:
+        route = routes.pop()
+        routes += getattr(getattr(route, "original_router", None), "routes", [])  # an included router's own
+        call = getattr(getattr(route, "dependant", None), "call", None)
+        if call is not None:
+            extract(call)
 
 
 def _context(studio: "Studio", settings: ServerSettings, on_control: Callable[[str], None] | None) -> ServerContext:
