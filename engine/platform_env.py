@@ -24,6 +24,36 @@ def enable_mps_fallback(environ: MutableMapping[str, str] | None = None, platfor
     return environ[MPS_FALLBACK_VAR] == "1"
 
 
+OMP_WAIT_VAR = "OMP_WAIT_POLICY"
+OMP_SPIN_VAR = "GOMP_SPINCOUNT"
+
+
+def passive_cpu_threads(environ: MutableMapping[str, str] | None = None) -> bool:
+    """Let PyTorch's idle OpenMP threads sleep instead of spinning (``OMP_WAIT_POLICY=PASSIVE``). Call before
+    the first ``import torch``: libgomp reads it once, when it is loaded.
+
+    Why: libgomp's workers busy-wait after each parallel region, 300,000 spins by default but only 100 once the
+    process holds more OpenMP threads than CPUs, and every Python thread that runs torch work holds a team of
+    its own. So the serving scheduler (decode loop, acoustic worker, front-end thread) and a request on the
+    caller's thread waited differently for the same work, and on a loaded machine the spinning costs several
+    times the CPU of the work itself (docs/benchmarks.md, "OpenMP waits"; benchmarks/omp_wait_policy.py).
+    Passive waits are the same for every thread layout. A value the user set (``OMP_WAIT_POLICY`` or
+    ``GOMP_SPINCOUNT``) wins. Returns True when the passive policy is (now) asked for."""
+    environ = os.environ if environ is None else environ
+    if OMP_SPIN_VAR in environ and OMP_WAIT_VAR not in environ:
+        return False
+    environ.setdefault(OMP_WAIT_VAR, "PASSIVE")
+    return environ[OMP_WAIT_VAR].strip().upper() == "PASSIVE"
+
+
+def openmp_waits(environ: MutableMapping[str, str] | None = None) -> str:
+    """How this process's OpenMP threads wait, as set in the environment (for reports)."""
+    environ = os.environ if environ is None else environ
+    policy = environ.get(OMP_WAIT_VAR, "").strip() or "default"
+    spin = environ.get(OMP_SPIN_VAR)
+    return f"{OMP_WAIT_VAR}={policy}" + (f" {OMP_SPIN_VAR}={spin}" if spin else "")
+
+
 HUB_BARS_VAR = "HF_HUB_DISABLE_PROGRESS_BARS"  # read by huggingface_hub (and so transformers) when imported
 
 

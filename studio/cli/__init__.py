@@ -18,6 +18,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("studio.cli.bench", "benchmark each stage and end to end (speed, latency, memory)"),
     "loadtest": ("studio.cli.loadtest", "drive a running server with concurrent streaming clients (latency, throughput)"),
     "webui": ("studio.cli.webui", "the web UI and the HTTP API on one port (voice cloning in the browser)"),
+    "doctor": ("studio.cli.doctor", "where every stage runs (device, precision, CPU fallbacks) and why"),
     "cluster": ("studio.cli.cluster", "the HTTP API on a Ray Serve cluster: replicas, routing by model, failover"),
 }
 
@@ -54,9 +55,10 @@ def build_parser(name: str) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from engine.platform_env import enable_mps_fallback
+    from engine.platform_env import enable_mps_fallback, passive_cpu_threads
 
-    enable_mps_fallback()  # must precede the first torch import (commands import torch lazily)
+    enable_mps_fallback()  # these two must precede the first torch import (commands import torch lazily)
+    passive_cpu_threads()
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())

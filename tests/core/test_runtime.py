@@ -8,7 +8,14 @@ import pytest
 import torch
 
 from engine.errors import ConfigError, DeviceUnavailableError
-from engine.platform_env import MPS_FALLBACK_VAR, enable_mps_fallback
+from engine.platform_env import (
+    MPS_FALLBACK_VAR,
+    OMP_SPIN_VAR,
+    OMP_WAIT_VAR,
+    enable_mps_fallback,
+    openmp_waits,
+    passive_cpu_threads,
+)
 from engine.runtime import STAGES, CpuFallback, DeviceProbe, resolve_device, resolve_runtime, runtime_from_official
 
 CPU_ONLY = DeviceProbe()
@@ -85,6 +92,31 @@ def test_mps_fallback_env_only_on_macos() -> None:
     assert enable_mps_fallback(env, platform="darwin") and env[MPS_FALLBACK_VAR] == "1"
     user = {MPS_FALLBACK_VAR: "0"}
     assert not enable_mps_fallback(user, platform="darwin") and user[MPS_FALLBACK_VAR] == "0"
+
+
+def test_openmp_threads_wait_passively_unless_the_user_chose() -> None:
+    env: dict[str, str] = {}
+    assert passive_cpu_threads(env) and env == {OMP_WAIT_VAR: "PASSIVE"}
+    assert openmp_waits(env) == "OMP_WAIT_POLICY=PASSIVE"
+    user = {OMP_WAIT_VAR: "active"}
+    assert not passive_cpu_threads(user) and user == {OMP_WAIT_VAR: "active"}
+    spin = {OMP_SPIN_VAR: "10000"}  # a spin count of the user's: the policy is left to libgomp's default
+    assert not passive_cpu_threads(spin) and spin == {OMP_SPIN_VAR: "10000"}
+    assert openmp_waits(spin) == "OMP_WAIT_POLICY=default GOMP_SPINCOUNT=10000"
+
+
+def test_the_command_line_asks_for_passive_openmp_waits_before_torch(monkeypatch) -> None:
+    """Every sovits-studio command (serve, webui, synth, bench, ...) sets the policy in main(), before any
+    command module imports torch; a child process (a cluster replica, a served benchmark) inherits it."""
+    from studio.cli import main
+
+    for var in (OMP_WAIT_VAR, OMP_SPIN_VAR):  # set first so that the test's end restores the caller's value
+        monkeypatch.setenv(var, "x")
+        monkeypatch.delenv(var)
+    assert main(["--help"]) == 0
+    import os
+
+    assert os.environ[OMP_WAIT_VAR] == "PASSIVE"
 
 
 class FakeDeviceTensorOp:
