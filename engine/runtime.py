@@ -75,6 +75,8 @@ class Runtime:
     stage_dtypes: Mapping[str, torch.dtype] = field(
         default_factory=lambda: MappingProxyType({s: torch.float32 for s in STAGES})
     )
+    # stage -> why it runs in its precision (resolve_runtime's decision, in words for /health and `doctor`)
+    reasons: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), compare=False)
 
     def dtype_for(self, stage: str) -> torch.dtype:
         if stage not in self.stage_dtypes:
@@ -89,6 +91,9 @@ class Runtime:
     def is_half(self) -> bool:
         """True when any network runs below fp32 (the official ``is_half`` flag)."""
         return any(d != torch.float32 for d in self.stage_dtypes.values())
+
+    def reason_for(self, stage: str) -> str:
+        return self.reasons.get(stage, "")
 
     def describe(self) -> str:
         names = {v: k for k, v in PRECISIONS.items()}
@@ -130,20 +135,26 @@ def resolve_device(requested: str | None, probe: DeviceProbe) -> torch.device:
     raise DeviceUnavailableError(f"device {requested!r} is not supported; use auto, cpu, cuda, cuda:N or mps")
 
 
-def _auto_dtypes(device: torch.device, probe: DeviceProbe) -> dict[str, torch.dtype]:
-    """The default precision per stage, with the reason for each choice in the comments."""
+CPU_FP32 = "fp32: half precision is slow or missing on the CPU (the official code runs fp32 there too)"
+MPS_VOCODER_FP32 = ("fp32 (auto): the vocoders' sin/exp and long upsampling chains lose audible accuracy in fp16 "
+                    "on Apple GPUs")
+
+
+def _auto_dtypes(device: torch.device, probe: DeviceProbe) -> tuple[dict[str, torch.dtype], dict[str, str]]:
+    """The default precision per stage, and the reason for each choice."""
     fp32 = {s: torch.float32 for s in STAGES}
     if device.type == "cpu":
-        return fp32  # half matmuls are slow or missing on CPU; the official code forces fp32 there too
+        return fp32, {s: CPU_FP32 for s in STAGES}
     if device.type == "cuda":
         cap = probe.cuda_capability or (0, 0)
         gtx16 = cap == (7, 5) and "16" in probe.cuda_name and "GTX" in probe.cuda_name.upper()
-        if cap <= (6, 1) or gtx16:
-            return fp32  # slow fp16 on these cards (the official config.py makes the same call)
-        return {s: torch.float16 for s in STAGES}  # the official CUDA default (is_half: true)
-    # MPS: fp16 kernels are fast; keep the vocoders in fp32 (sin/exp in snake activations and the
-    # long upsampling chains lose audible accuracy in fp16 on Apple GPUs).
-    return {s: (torch.float32 if s == "vocoder" else torch.float16) for s in STAGES}
+        if cap <= (6, 1) or gtx16:  # the official config.py makes the same call
+            return fp32, {s: f"fp32 (auto): fp16 is slow on {probe.cuda_name or 'this GPU'}" for s in STAGES}
+        return ({s: torch.float16 for s in STAGES},
+                {s: "fp16 (auto): the official CUDA default (is_half: true)" for s in STAGES})
+    # MPS: fp16 kernels are fast; the vocoders stay fp32
+    return ({s: (torch.float32 if s == "vocoder" else torch.float16) for s in STAGES},
+            {s: MPS_VOCODER_FP32 if s == "vocoder" else "fp16 (auto): fast on the Apple GPU" for s in STAGES})
 
 
 def resolve_runtime(
@@ -162,9 +173,10 @@ def resolve_runtime(
     dev = resolve_device(device, probe)
     prec = (precision or "auto").lower()
     if prec == "auto":
-        dtypes = _auto_dtypes(dev, probe)
+        dtypes, reasons = _auto_dtypes(dev, probe)
     elif prec in PRECISIONS:
         dtypes = {s: PRECISIONS[prec] for s in STAGES}
+        reasons = {s: f"{prec}: asked for (--precision or the config)" for s in STAGES}
     else:
         raise ConfigError(f"precision {precision!r} is not one of auto, {', '.join(PRECISIONS)}")
     for stage, name in (stage_overrides or {}).items():
@@ -173,12 +185,14 @@ def resolve_runtime(
         if name not in PRECISIONS:
             raise ConfigError(f"precision {name!r} for stage {stage!r} is not one of {', '.join(PRECISIONS)}")
         dtypes[stage] = PRECISIONS[name]
+        reasons[stage] = f"{name}: the config's precision for this stage"
     if dev.type == "cpu" and any(d != torch.float32 for d in dtypes.values()):
         log.info("half precision is not used on the CPU; running every stage in fp32")
         dtypes = {s: torch.float32 for s in STAGES}
+        reasons = {s: CPU_FP32 + " (half precision was asked for)" for s in STAGES}
     if dev.type == "cuda" and torch.bfloat16 in dtypes.values() and not probe.cuda_bf16:
         raise ConfigError(f"bf16 was requested but {probe.cuda_name or 'this GPU'} does not support it; use fp16")
-    return Runtime(device=dev, stage_dtypes=MappingProxyType(dtypes))
+    return Runtime(device=dev, stage_dtypes=MappingProxyType(dtypes), reasons=MappingProxyType(reasons))
 
 
 def runtime_from_official(device: str, is_half: bool, probe: DeviceProbe | None = None) -> Runtime:

@@ -183,6 +183,10 @@ def _add_service_routes(app: "FastAPI", ctx: ServerContext) -> None:
                 "capacity": ctx.admission.capacity, "uptime_seconds": round(time.time() - ctx.started, 1)}
         if reason:
             body["reason"] = reason
+        if hasattr(ctx.studio, "stage_plan"):  # where each stage runs, in which precision and why (MPS fallbacks)
+            from engine.stage_report import stage_report
+
+            body["stages"] = stage_report(ctx.studio)
         return JSONResponse(body, status_code=503 if status in ("draining", "failed") else 200)
 
 
