@@ -82,6 +82,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--gsv", choices=("auto", "off", "only"), default="auto",
                     help="gsv-tts-lite on the same weights: auto (when importable), off, or only (no server)")
     ap.add_argument("--gsv-levels", type=_ints, default=None, help="client counts for gsv-tts-lite (default --levels)")
+    ap.add_argument("--omp-wait", choices=("passive", "default"), default="passive",
+                    help="the server's OpenMP waits: passive (what serve sets) or libgomp's default spin")
     ap.add_argument("--budget", type=float, default=570.0,
                     help="seconds this command may take in all: a level or phase that would not end in time "
                          "is skipped and the report says so (the device tool stops a command at 600 s)")
@@ -144,6 +146,23 @@ def machine() -> dict[str, Any]:
     return out
 
 
+def load_average() -> float | None:
+    """The machine's 1-minute load average (runnable threads; above the CPU count, work waits for a core)."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (OSError, AttributeError):
+        return None
+
+
+def server_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, every thread) the server process has used so far (0 where /proc is missing)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -185,6 +204,9 @@ def start_server(run: Run, config: Path, port: int) -> subprocess.Popen:
     args = run.args
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
            "PYTHONUNBUFFERED": "1"}
+    if args.omp_wait == "default":  # libgomp's own spin-then-sleep (serve asks for passive waits unless told)
+        env.pop("OMP_WAIT_POLICY", None)
+        env["GOMP_SPINCOUNT"] = "300000"  # libgomp's default count, named so that serve leaves the policy alone
     cmd = [sys.executable, "-m", "studio.cli", "serve", "--config", str(config), "--device", args.device,
            "--precision", args.precision, "--port", str(port), "--max-tokens-per-sentence", str(args.max_tokens),
            "--shutdown-grace", "5", "--profiles-dir", str(Path(tempfile.mkdtemp(prefix="voices-"))),
@@ -258,8 +280,16 @@ def server_phase(run: Run, mix) -> None:
         run.log(f"server ready in {run.report['server_ready_s']} s: {health}")
         # a level may take its duration plus the last requests' time (at most the request timeout)
         level_cost = args.duration + args.timeout
+        mark = {"cpu": server_cpu_s(server.pid), "load": load_average()}
 
         def on_level(level: dict[str, Any]) -> bool:
+            # what the machine was doing meanwhile: a shared machine's load changes every figure above
+            cpu, load = server_cpu_s(server.pid), load_average()
+            level["machine_load"] = [mark["load"], load]
+            level["server_cpu_s"] = round(cpu - mark["cpu"], 2)
+            if level.get("audio_s"):
+                level["server_cpu_per_audio_s"] = round(level["server_cpu_s"] / level["audio_s"], 3)
+            mark.update(cpu=cpu, load=load)
             if len(level["streams"]) > MAX_RECORDS:  # the figures are over all; the JSON keeps a sample
                 run.note(f"{level['clients']} clients: the report keeps the first {MAX_RECORDS} of "
                          f"{len(level['streams'])} per-request records")
@@ -328,6 +358,9 @@ def gsv_phase(run: Run, mix_dir: Path) -> None:
     run.log("gsv-tts-lite: " + " ".join(cmd[1:]))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
            "PYTHONUNBUFFERED": "1"}
+    if args.omp_wait == "default":  # libgomp's own spin-then-sleep (serve asks for passive waits unless told)
+        env.pop("OMP_WAIT_POLICY", None)
+        env["GOMP_SPINCOUNT"] = "300000"  # libgomp's default count, named so that serve leaves the policy alone
     with open(run.out / "gsv_lite.log", "wb") as log:
         try:
             proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -360,6 +393,7 @@ def markdown(report: dict[str, Any]) -> str:
         lines += ["#### sovits-studio serve, over HTTP (`loadtest --mix`)", ""]
         lines += render_table(MIX_COLUMNS, mix_rows(report["levels"]), markdown=True)
         lines += ["", mean_audio(report["levels"])]
+        lines += ["", machine_load(report["levels"], m.get("cpus"))]
         lines += ["", "Per mode and language:", ""]
         lines += render_table(BREAKDOWN_COLUMNS, breakdown_rows(report["levels"]), markdown=True)
         after = report.get("after")
@@ -388,6 +422,18 @@ def markdown(report: dict[str, Any]) -> str:
     if report["notes"]:
         lines += ["", "Notes:", ""] + [f"- {n}" for n in report["notes"]]
     return "\n".join(lines) + "\n"
+
+
+def machine_load(levels: list[dict[str, Any]], cpus: Any) -> str:
+    """Per level: the machine's load average before and after it (on a shared machine other work changes every
+    figure) and the server's CPU seconds per audio second (the first level's include the warm-up requests)."""
+    parts = []
+    for lv in levels:
+        load = lv.get("machine_load") or [None, None]
+        per = lv.get("server_cpu_per_audio_s")
+        parts.append(f"{lv['clients']}: load {load[0]} -> {load[1]}, server {lv.get('server_cpu_s', '?')} CPU s"
+                     + (f" ({per:.2f} per audio s)" if per is not None else ""))
+    return f"Machine load average ({cpus} CPUs) and server CPU per level: " + "; ".join(parts) + "."
 
 
 def mean_audio(levels: list[dict[str, Any]]) -> str:

@@ -142,7 +142,7 @@ def main() -> int:
         passive_cpu_threads()
     import torch
 
-    from engine.benchmark import REF_TEXT, synthetic_reference
+    from studio.bench import REF_TEXT, synthetic_reference
     from engine.options import EngineSettings
     from engine import Reference, Studio
 
