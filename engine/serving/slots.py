@@ -225,6 +225,11 @@ class SlotDecoder:
         width = max(totals)
         if width >= self.capacity:
             raise ValueError(f"a prefix of {width} positions does not fit a slot of {self.capacity}")
+        if not self.use_graph and not bool(self.valid.any()):
+            # an empty pool stepped eagerly (the CPU): restart the ring right after this prefix, so that the
+            # rows' newest positions stay one slice of the cache (no gather a layer and step) until the ring wraps
+            self.pos_host = width
+            self.pos.fill_(width)
         xy = torch.stack([F.pad(x, (0, 0, width - x.shape[0], 0)) for x in prefixes])  # (n, W, D)
         mask, key_ok = prefix_lm_mask(torch.tensor(text_lengths, device=dev), torch.tensor(totals, device=dev),
                                       width)
