@@ -226,10 +226,11 @@ class SlotDecoder:
         if width >= self.capacity:
             raise ValueError(f"a prefix of {width} positions does not fit a slot of {self.capacity}")
         if not self.use_graph and not bool(self.valid.any()):
-            # an empty pool stepped eagerly (the CPU): restart the ring right after this prefix, so that the
-            # rows' newest positions stay one slice of the cache (no gather a layer and step) until the ring wraps
-            self.pos_host = width
-            self.pos.fill_(width)
+            # an empty pool stepped eagerly (the CPU): restart the ring so that this prefix starts at WINDOW_STEP;
+            # a lone row's window (its span rounded up to WINDOW_STEP) then stays one slice of the cache, not a
+            # gather of keys, values and mask in every layer and step, until the ring wraps
+            self.pos_host = WINDOW_STEP + width
+            self.pos.fill_(self.pos_host)
         xy = torch.stack([F.pad(x, (0, 0, width - x.shape[0], 0)) for x in prefixes])  # (n, W, D)
         mask, key_ok = prefix_lm_mask(torch.tensor(text_lengths, device=dev), torch.tensor(totals, device=dev),
                                       width)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from engine.models.t2s import T2SDims
-from engine.serving.slots import SlotDecoder
+from engine.serving.slots import WINDOW_STEP, SlotDecoder
 from engine.t2s.decoding import SamplingParams, T2SInput
 from engine.testweights.t2s import random_t2s_model
 
@@ -37,8 +37,17 @@ def test_an_empty_cpu_pool_starts_its_ring_after_the_prefix_and_the_tokens_do_no
     item, prompt = _inputs(1)
     width = item.phones.shape[0] + prompt.numel()
     fresh = SlotDecoder(model, slots=2, capacity=256)
-    sliced = _decode(fresh, 0, item, prompt, steps=20)
-    assert fresh.pos_host == width + 20  # restarted at the prefix's end, then one position a step: no wrap
+    gathers = []
+    original = torch.Tensor.index_select
+    # the window gathers select along the positions (dim 2 of keys/values, 1 of the mask); the position
+    # embedding's lookup (dim 0) is no window
+    torch.Tensor.index_select = lambda self, dim, index: (dim and gathers.append(dim)) or original(self, dim, index)
+    try:
+        sliced = _decode(fresh, 0, item, prompt, steps=20)
+    finally:
+        torch.Tensor.index_select = original
+    assert fresh.pos_host == WINDOW_STEP + width + 20  # the prefix starts at WINDOW_STEP, then a position a step
+    assert not gathers  # every step's window was a slice of the cache
 
     wrapped = SlotDecoder(model, slots=2, capacity=256)
     wrapped.valid[1, 0] = True  # a live row elsewhere: the pointer is left at 0 and the prefix wraps the ring
