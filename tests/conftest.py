@@ -6,7 +6,12 @@ from pathlib import Path
 
 import pytest
 
+from engine.platform_env import passive_cpu_threads
 from tests.support.paths import REPO
+
+# before any test imports torch: idle OpenMP workers sleep instead of spinning, so a test run shares a loaded
+# machine's cores (several sessions' suites at once) instead of burning them (docs/benchmarks.md, "OpenMP waits")
+passive_cpu_threads()
 
 
 @pytest.fixture(scope="session")
