@@ -208,11 +208,12 @@ class Studio:
         if n == 0 or models.frontend_spec is None:
             return None
         with self._lock:
-            workers = self._text_workers.get(models.frontend_spec)
+            workers = self._text_workers.pop(models.frontend_spec, None)  # back in last: most recently used
             if workers is None:
-                workers = self._text_workers[models.frontend_spec] = TextWorkers(models.frontend_spec, n)
+                workers = TextWorkers(models.frontend_spec, n)
+            self._text_workers[models.frontend_spec] = workers
             closing = []
-            while len(self._text_workers) > MAX_TEXT_POOLS:  # oldest kind first
+            while len(self._text_workers) > MAX_TEXT_POOLS:  # least recently used kind first
                 closing.append(self._text_workers.pop(next(iter(self._text_workers))))
         for old in closing:
             old.close()

@@ -98,9 +98,36 @@ def test_a_studio_with_text_processes_synthesises_the_same_audio() -> None:
 
 def test_text_processes_default_to_none_on_the_cpu() -> None:
     from engine.options import EngineSettings
-    from engine.studio import Studio
     from tests.support import synth
 
     studio = synth.studio("v2")
     assert EngineSettings().text_processes == -1
     assert studio._text_workers_for(studio.cloner().models) is None
+
+
+def test_the_least_recently_used_front_end_kind_closes_first(monkeypatch) -> None:
+    """Studio keeps worker pools for at most MAX_TEXT_POOLS front-end kinds; using a kind again keeps it."""
+    from types import SimpleNamespace
+
+    import torch
+
+    import engine.studio as studio_module
+    from engine.options import EngineSettings
+    from engine.studio import Studio
+    from tests.support import synth
+
+    monkeypatch.setattr(studio_module, "MAX_TEXT_POOLS", 2)
+    base = synth.studio("v2")
+    studio = Studio(base.default_weights, base.runtime, EngineSettings(text_processes=1))
+    try:
+        kinds = [SimpleNamespace(frontend_spec=FrontendSpec("v2", f"/g2pw/{i}", "/bert"),
+                                 device=torch.device("cpu")) for i in range(3)]
+        first = studio._text_workers_for(kinds[0])
+        studio._text_workers_for(kinds[1])
+        assert studio._text_workers_for(kinds[0]) is first  # used again: now the most recent
+        studio._text_workers_for(kinds[2])  # a third kind: kinds[1] closes, kinds[0] stays
+        assert list(studio._text_workers) == [kinds[0].frontend_spec, kinds[2].frontend_spec]
+        assert not first._closed
+    finally:
+        studio.close()
+    assert first._closed
