@@ -219,6 +219,15 @@ class Studio:
             old.close()
         return workers
 
+    def close_text_workers(self) -> int:
+        """Stop every text worker process and wait for them (a server's shutdown); the number of pools closed. A
+        later request starts new ones."""
+        with self._lock:
+            pools, self._text_workers = list(self._text_workers.values()), {}
+        for workers in pools:
+            workers.close(wait=True)
+        return len(pools)
+
     def _count(self, event: str, n: int = 1) -> None:
         """A serving event (from a scheduler); graph captures are told apart by when they happened."""
         if event in ("graphs_captured", "acoustic_graphs_captured"):

@@ -114,8 +114,9 @@ class TextWorkers:
         log.warning("a text front-end worker process died; the pool of %s starts anew", self.spec.version)
         broken.shutdown(wait=False, cancel_futures=True)
 
-    def close(self) -> None:
+    def close(self, wait: bool = False) -> None:
+        """Stop the workers (reads still queued fail with an EngineError); ``wait``: until their processes ended."""
         with self._lock:
             pool, self._pool, self._closed = self._pool, None, True
         if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
+            pool.shutdown(wait=wait, cancel_futures=True)

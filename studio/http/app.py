@@ -50,6 +50,9 @@ def create_app(studio: "Studio", settings: ServerSettings = ServerSettings(),
         yield
         ctx.drain()
         ctx.runner.shutdown(wait=False)
+        close_text_workers = getattr(ctx.studio, "close_text_workers", None)  # tests may serve a stand-in studio
+        if close_text_workers is not None:
+            close_text_workers()  # the engine's text worker processes end with the server
 
     app = FastAPI(title="SoVITS Studio", description="GPT-SoVITS voice cloning (api_v2-compatible, OpenAI speech)",
                   version="0.1.0", lifespan=lifespan)

@@ -131,3 +131,24 @@ def test_the_least_recently_used_front_end_kind_closes_first(monkeypatch) -> Non
     finally:
         studio.close()
     assert first._closed
+
+
+def test_a_servers_shutdown_ends_the_text_worker_processes() -> None:
+    from fastapi.testclient import TestClient
+
+    from engine.options import EngineSettings
+    from engine.studio import Studio
+    from studio.http.app import create_app
+    from tests.support import synth
+
+    base = synth.studio("v2")
+    studio = Studio(base.default_weights, base.runtime, EngineSettings(text_processes=1))
+    try:
+        with TestClient(create_app(studio)):
+            workers = studio._text_workers_for(studio.cloner().models)
+            assert workers.read("Hello there.", "en").phones
+            processes = list(workers._pool._processes.values())
+        assert workers._closed and studio._text_workers == {}
+        assert all(not p.is_alive() for p in processes)  # waited for: none outlives the server
+    finally:
+        studio.close()
