@@ -46,14 +46,16 @@ STAGES = ("acoustic.host_numbers", "acoustic.encoders", "acoustic.crop_noise", "
           "acoustic.prior_flow", "acoustic.hifigan", "acoustic.sola", "acoustic.to_host", "acoustic.postprocess")
 
 
-def load_sovits(version: str, device: str, precision: str, root: Path):
+def load_sovits(version: str, device: str, precision: str, root: Path, path: Path | None = None):
+    """(runtime, SoVITS module): the file at ``path``, else full-size random weights of ``version`` under ``root``."""
     from engine.loading.sovits import load_sovits as load
     from engine.runtime import resolve_runtime
     from engine.testweights.sovits import write_sovits
 
-    path = root / f"sovits_{version}_full.pth"
-    if not path.exists():
-        write_sovits(path, version, full_size=True)
+    if path is None:
+        path = root / f"sovits_{version}_full.pth"
+        if not path.exists():
+            write_sovits(path, version, full_size=True)
     rt = resolve_runtime(device, precision)
     dtype = rt.dtype_for("sovits")
     return rt, load(path, rt.device, dtype).module.to(rt.device, dtype).eval()

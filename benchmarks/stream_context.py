@@ -64,15 +64,8 @@ def main() -> int:
 
     from acoustic_round_split import load_sovits
 
-    if args.sovits:
-        from engine.loading.sovits import load_sovits as load
-        from engine.runtime import resolve_runtime
-
-        rt = resolve_runtime(args.device, args.precision)
-        sovits = load(Path(args.sovits), rt.device, rt.dtype_for("sovits")).module.to(
-            rt.device, rt.dtype_for("sovits")).eval()
-    else:
-        rt, sovits = load_sovits(args.version, args.device, args.precision, Path(tempfile.mkdtemp(prefix="ctx-")))
+    rt, sovits = load_sovits(args.version, args.device, args.precision, Path(tempfile.mkdtemp(prefix="ctx-")),
+                             Path(args.sovits) if args.sovits else None)
     sync = torch.cuda.synchronize if rt.device.type == "cuda" else (lambda: None)
     g = torch.Generator().manual_seed(0)
     p = next(sovits.parameters())

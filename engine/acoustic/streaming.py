@@ -560,7 +560,6 @@ class _Batch:
     w_out: int  # output frames of the widest (bucketed) crop
     batches: list[tuple[list[int], int]]  # voice_batches: (row indices, padded width)
     picks: list[torch.Tensor]  # each sub-batch's rows (padded with repeats of its first), on the device
-    overlaps: list  # each row's previous latent (1, hidden, ov) or None
     fade: tuple[list[int], torch.Tensor] | None  # _fade_index's sizes and index (on the device), when any overlap
     drawn: torch.Tensor  # (real, w_out) where each row's noise is in the rows' draws side by side
 
@@ -608,7 +607,7 @@ def _batch_inputs(sovits, rows: Sequence[dict], buckets: bool) -> _Batch:
     ges = [r["ge"].to(dtype) for r in rows]
     ge = torch.cat(ges + ges[:1] * (b - real))  # (b, gin, 1)
     return _Batch((codes, text, lengths, text_lengths, ge), out_lengths, starts, n_out, w_out, batches, picks,
-                  overlaps, (sizes, fade) if faded else None, drawn)
+                  (sizes, fade) if faded else None, drawn)
 
 
 def _crop_and_noise(sovits, rows: Sequence[dict], batch: _Batch, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -625,7 +624,7 @@ def _crop_and_noise(sovits, rows: Sequence[dict], batch: _Batch, y: torch.Tensor
     index = torch.minimum(starts[:real].unsqueeze(1) + j.unsqueeze(0), lengths[:real].unsqueeze(1) - 1)
     crop = torch.gather(y[:real], 2, index.unsqueeze(1).expand(real, hidden, w_out)) * keep
     if batch.fade is not None:
-        crop = _cross_fade(crop, batch.overlaps, *batch.fade)
+        crop = _cross_fade(crop, [r["overlap_frames"] for r in rows], *batch.fade)
     channels = sovits.enc_p.out_channels
     # each row's own draws (its generator, as alone), side by side in time, then gathered into the padded batch
     draws = torch.cat([torch.randn((1, channels, batch.n_out[i]), generator=rows[i]["generator"], device=dev,
