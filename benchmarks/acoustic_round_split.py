@@ -40,6 +40,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(1, str(Path(__file__).resolve().parent))  # acoustic_levers (--nwc)
 
 SAMPLE_RATE = 32000  # the output of v1, v2 and v2Pro* SoVITS (hps.data.sampling_rate)
 STAGES = ("acoustic.host_numbers", "acoustic.encoders", "acoustic.crop_noise", "acoustic.voice",
@@ -173,12 +174,12 @@ def split(rows: int, args, sovits, device) -> dict:
                          for e in events if e.device_type is not None and "cuda" in str(e.device_type).lower())
     wall = sum(walls)
     return {"rows": rows, "rounds": n, "graphs": graphs is not None, "round_ms": 1e3 * wall / n,
-            "audio_s_per_round": audio / n, "audio_s_per_s": audio / wall,
+            "nwc": args.nwc, "audio_s_per_round": audio / n, "audio_s_per_s": audio / wall,
             "device_busy": (kernels_us / 1e6 / wall) if cuda else None, "stages": stages}
 
 
 def table(res: dict) -> str:
-    lines = [f"#### {res['rows']} streams, {'graphs' if res['graphs'] else 'eager'}: round {res['round_ms']:.1f} ms, "
+    lines = [f"#### {res['rows']} streams, {'graphs' if res['graphs'] else 'eager'}{', NWC' if res['nwc'] else ''}: round {res['round_ms']:.1f} ms, "
              f"{res['audio_s_per_round']:.2f} audio s a round, {res['audio_s_per_s']:.1f} audio-s/s"
              + (f", device busy {100 * res['device_busy']:.0f}% of the wall time" if res["device_busy"] is not None
                 else ""), "",
@@ -202,11 +203,17 @@ def main() -> int:
     ap.add_argument("--sentence", type=int, default=200, help="tokens per sentence (give or take a quarter)")
     ap.add_argument("--overlap", type=int, default=2, help="overlap_length in tokens")
     ap.add_argument("--graphs", action="store_true", help="through AcousticGraphs (CUDA), as serving runs")
+    ap.add_argument("--nwc", action="store_true",
+                    help="every convolution on channels-last activations (benchmarks/acoustic_levers.py's lever)")
     ap.add_argument("--json", help="write the figures here too")
     args = ap.parse_args()
     import torch
 
     rt, sovits = load_sovits(args.version, args.device, args.precision, Path(tempfile.mkdtemp(prefix="round-")))
+    if args.nwc:
+        from acoustic_levers import to_nwc
+
+        to_nwc(sovits)
     report = {"device": torch.cuda.get_device_name(rt.device) if rt.device.type == "cuda" else platform.processor()
               or "cpu", "torch_threads": torch.get_num_threads(), "load_average": os.getloadavg(),
               "args": vars(args), "results": []}

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Issue 31's GPU measurements, in two device calls of under 600 s each (a call's limit): every figure lands under
-# $OUT (at most 8 files come back).
-#   bash benchmarks/issue31_gpu.sh parts     # the round split, bounded context, the HTTP host cost (~390 s)
+# Issue 31's GPU measurements, in three device calls of under 600 s each (a call's limit): every figure lands
+# under $OUT.
+#   bash benchmarks/issue31_gpu.sh parts     # the round split (NWC too), bounded context, the HTTP host cost
+#   bash benchmarks/issue31_gpu.sh levers    # the voicing's speed levers (benchmarks/acoustic_levers.py)
 #   bash benchmarks/issue31_gpu.sh product   # the product path, benchmarks/product_load.py (~570 s)
 # Run from the repository root on the device machine, after the wheels and dictionary are in place
 # (docs/benchmarks.md, "Device command"): the acoustic round's split (graphs and eager), bounded-context
@@ -24,11 +25,22 @@ if [ "${1:-parts}" = product ]; then
   step product_load 570 python3 benchmarks/product_load.py --ref-dir .gpu/refset --gsv off --out "$OUT/product"
   exit 0
 fi
+if [ "${1:-parts}" = levers ]; then
+  step levers 170 python3 benchmarks/acoustic_levers.py --device cuda --rows 32,64 --json "$OUT/levers.json" \
+    --levers fp32,fp16,bf16,fp16-graph,bf16-graph,fp16-nwc,fp16-nwc-graph,bf16-nwc-graph
+  step levers_compile 170 python3 benchmarks/acoustic_levers.py --device cuda --rows 64 \
+    --levers fp16-graph,fp16-compile,fp16-nwc-compile --json "$OUT/levers_compile.json"
+  step levers_autotune 200 python3 benchmarks/acoustic_levers.py --device cuda --rows 64 --levers fp16-compile \
+    --compile-mode max-autotune-no-cudagraphs --json "$OUT/levers_autotune.json"
+  exit 0
+fi
 step round_split 150 python3 benchmarks/acoustic_round_split.py --device cuda --precision fp16 --rows 64,256 \
   --graphs --rounds 20 --json "$OUT/round_split.json"
-step round_split_eager 90 python3 benchmarks/acoustic_round_split.py --device cuda --precision fp16 --rows 64 \
+step round_split_nwc 110 python3 benchmarks/acoustic_round_split.py --device cuda --precision fp16 \
+  --rows 64,256 --graphs --nwc --rounds 20 --json "$OUT/round_split_nwc.json"
+step round_split_eager 60 python3 benchmarks/acoustic_round_split.py --device cuda --precision fp16 --rows 64 \
   --rounds 10
-step stream_context 60 python3 benchmarks/stream_context.py --device cuda --precision fp16 --tokens 200 \
+step stream_context 50 python3 benchmarks/stream_context.py --device cuda --precision fp16 --tokens 200 \
   --contexts 0,32,64,128
-step http_host_cost 90 python3 benchmarks/http_host_cost.py --levels 1,64,256 --duration 8 --front-end \
+step http_host_cost 80 python3 benchmarks/http_host_cost.py --levels 1,64,256 --duration 8 --front-end \
   --ref-dir .gpu/refset
