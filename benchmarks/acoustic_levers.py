@@ -127,7 +127,7 @@ def run_lever(lever: str, path: Path, args, rows: int, ref_cache: dict) -> dict:
             if device.type != "cuda":
                 raise SystemExit(f"{lever}: graphs need CUDA")
             call(*example)  # compile (when compiled) and the first plans, outside the capture
-            replay, static_in, static_out = capture_cuda(call, example, (), torch.cuda.graph_pool_handle())
+            replay, _, static_out = capture_cuda(call, example, (), torch.cuda.graph_pool_handle())
 
             def call(*_):
                 replay()
@@ -158,7 +158,6 @@ def run_lever(lever: str, path: Path, args, rows: int, ref_cache: dict) -> dict:
         ref_cache[key] = out
     if key in ref_cache:
         res["snr_db"], res["max_abs_diff"] = snr_db(ref_cache[key], out, lengths, upsample)
-    del sovits
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return res
@@ -197,7 +196,7 @@ def main() -> int:
         for lever in levers:
             try:
                 r = run_lever(lever, path, args, rows, refs)
-            except Exception as e:  # one lever failing leaves the others measured
+            except Exception as e:  # noqa: BLE001 (one lever failing leaves the others measured)
                 print(f"| {rows} | {lever} | failed: {type(e).__name__}: {str(e)[:200]} |", flush=True)
                 report["results"].append({"lever": lever, "rows": rows, "error": f"{type(e).__name__}: {e}"})
                 continue
