@@ -74,7 +74,7 @@ class Streams:
         p = next(sovits.parameters())
         self.refer = [torch.randn(1, 1025, 240, generator=self.rng).to(p.device, p.dtype)]
         sv_dim = getattr(sovits.dims, "sv_dim", 0) if sovits.dims.is_pro else 0
-        self.sv = [torch.randn(1, sv_dim, generator=self.rng).to(p.device)] if sv_dim else None
+        self.sv = [torch.randn(1, sv_dim, generator=self.rng).to(p.device, p.dtype)] if sv_dim else None
         self.streams, self.left = [], []
         for i in range(rows):
             self._new(i)

@@ -42,5 +42,5 @@ step round_split_eager 60 python3 benchmarks/acoustic_round_split.py --device cu
   --rounds 10
 step stream_context 50 python3 benchmarks/stream_context.py --device cuda --precision fp16 --tokens 200 \
   --contexts 0,32,64,128
-step http_host_cost 80 python3 benchmarks/http_host_cost.py --levels 1,64,256 --duration 8 --front-end \
+[ "${SKIP_HOST_COST:-}" ] || step http_host_cost 80 python3 benchmarks/http_host_cost.py --levels 1,64,256 --duration 8 --front-end \
   --ref-dir .gpu/refset

@@ -70,7 +70,7 @@ def main() -> int:
     g = torch.Generator().manual_seed(0)
     p = next(sovits.parameters())
     refer = [torch.randn(1, 1025, 240, generator=g).to(p.device, p.dtype)]
-    sv = [torch.randn(1, sovits.dims.sv_dim, generator=g).to(p.device)] if sovits.dims.is_pro else None
+    sv = [torch.randn(1, sovits.dims.sv_dim, generator=g).to(p.device, p.dtype)] if sovits.dims.is_pro else None
     phones = torch.randint(1, 300, (max(16, args.tokens // 2),), generator=g)
     tokens = torch.randint(0, 1024, (args.tokens,), generator=g).tolist()
     chunks, at = [], 0
