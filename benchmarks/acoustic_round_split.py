@@ -139,11 +139,15 @@ def split(rows: int, args, sovits, device) -> dict:
     cuda = device.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     streams = Streams(sovits, rows, args.chunk, args.sentence, args.overlap)
-    graphs = AcousticGraphs(sovits) if args.graphs and cuda else None
+    graphs = AcousticGraphs(sovits, compile=args.compile) if args.graphs and cuda else None
+    capture_s = 0.0
     if graphs is not None:  # every voicing shape and the common encoder shapes, captured up front as in warm-up
+        t0 = time.perf_counter()
         graphs.want_voices()
         graphs.want_encoders()
         graphs.capture_wanted()
+        capture_s = time.perf_counter() - t0
+        print(f"{rows} streams: {graphs.captures} graphs captured up front in {capture_s:.1f} s", flush=True)
     for _ in range(args.warmup):  # first shapes met (plans, allocator, graphs of shapes met)
         one_round(streams, graphs, device)
         if graphs is not None and graphs.wanted:
@@ -174,12 +178,12 @@ def split(rows: int, args, sovits, device) -> dict:
                          for e in events if e.device_type is not None and "cuda" in str(e.device_type).lower())
     wall = sum(walls)
     return {"rows": rows, "rounds": n, "graphs": graphs is not None, "round_ms": 1e3 * wall / n,
-            "nwc": args.nwc, "audio_s_per_round": audio / n, "audio_s_per_s": audio / wall,
+            "capture_s": capture_s, "nwc": args.nwc, "compile": graphs is not None and graphs.compiled, "audio_s_per_round": audio / n, "audio_s_per_s": audio / wall,
             "device_busy": (kernels_us / 1e6 / wall) if cuda else None, "stages": stages}
 
 
 def table(res: dict) -> str:
-    lines = [f"#### {res['rows']} streams, {'graphs' if res['graphs'] else 'eager'}{', NWC' if res['nwc'] else ''}: round {res['round_ms']:.1f} ms, "
+    lines = [f"#### {res['rows']} streams, {'graphs' if res['graphs'] else 'eager'}{', NWC' if res['nwc'] else ''}{', compiled voicing' if res.get('compile') else ''}: round {res['round_ms']:.1f} ms, "
              f"{res['audio_s_per_round']:.2f} audio s a round, {res['audio_s_per_s']:.1f} audio-s/s"
              + (f", device busy {100 * res['device_busy']:.0f}% of the wall time" if res["device_busy"] is not None
                 else ""), "",
@@ -203,6 +207,9 @@ def main() -> int:
     ap.add_argument("--sentence", type=int, default=200, help="tokens per sentence (give or take a quarter)")
     ap.add_argument("--overlap", type=int, default=2, help="overlap_length in tokens")
     ap.add_argument("--graphs", action="store_true", help="through AcousticGraphs (CUDA), as serving runs")
+    ap.add_argument("--compile", action="store_true",
+                    help="with --graphs: the voicing graphs hold the compiled channels-last voicing (as serving's "
+                         "acoustic_compile)")
     ap.add_argument("--nwc", action="store_true",
                     help="every convolution on channels-last activations (benchmarks/acoustic_levers.py's lever)")
     ap.add_argument("--json", help="write the figures here too")

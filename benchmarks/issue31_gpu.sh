@@ -4,6 +4,8 @@
 #   bash benchmarks/issue31_gpu.sh parts     # the round split (NWC too), bounded context, the HTTP host cost
 #   bash benchmarks/issue31_gpu.sh levers    # the voicing's speed levers (benchmarks/acoustic_levers.py)
 #   bash benchmarks/issue31_gpu.sh product   # the product path, benchmarks/product_load.py (~570 s)
+#   bash benchmarks/issue31_gpu.sh compile   # the round with and without the compiled voicing, a shorter product path
+# At most 8 files come back from a call: each mode writes fewer.
 # Run from the repository root on the device machine, after the wheels and dictionary are in place
 # (docs/benchmarks.md, "Device command"): the acoustic round's split (graphs and eager), bounded-context
 # streaming against the official decode, the HTTP server's own CPU cost on this host, then the product path.
@@ -23,6 +25,15 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/steps
 echo "ulimit -n $(ulimit -n)" | tee -a "$OUT/steps.log"
 if [ "${1:-parts}" = product ]; then
   step product_load 570 python3 benchmarks/product_load.py --ref-dir .gpu/refset --gsv off --out "$OUT/product"
+  exit 0
+fi
+if [ "${1:-parts}" = compile ]; then  # serving's compiled voicing (acoustic_compile) before/after, then the product
+  step round_split_graphs 90 python3 benchmarks/acoustic_round_split.py --device cuda --precision fp16 --rows 64 \
+    --graphs --rounds 20
+  step round_split_compiled 160 python3 benchmarks/acoustic_round_split.py --device cuda --precision fp16 \
+    --rows 64 --graphs --compile --rounds 20
+  step product_load 330 python3 benchmarks/product_load.py --ref-dir .gpu/refset --gsv off --levels 1,16,64,256 \
+    --duration 10 --budget 320 --out "$OUT/product"
   exit 0
 fi
 if [ "${1:-parts}" = levers ]; then

@@ -86,6 +86,8 @@ KNOBS = (
          "model sets served at once (each holds a slot pool); a new set while all are busy gets 503"),
     Knob("text_processes", ENGINE, "text_processes", int,
          "processes that read request texts off the engine's GIL (-1: 2 on CUDA, none elsewhere; 0: none)"),
+    Knob("acoustic_compile", ENGINE, "acoustic_compile", bool,
+         "CUDA: the streamed chunks' voicing compiled (torch.compile, channels-last; slower first start)"),
     Knob("stream_context_tokens", ENGINE, "stream_context_tokens", int,
          "token streaming: tokens before a chunk its encoders see (0: the whole sentence, official; N: faster, "
          "approximate)"),

@@ -264,6 +264,9 @@ class EngineSettings:
     acoustic_buckets: bool = True
     # bucketed acoustic batches (CUDA) replay CUDA graphs of the shapes met (engine.acoustic.graphs)
     acoustic_graphs: bool = True
+    # those graphs hold the voicing compiled by torch.compile over channels-last convolutions (2.1x on an H100;
+    # tens of seconds of compiling at warm-up); False: the eager voicing
+    acoustic_compile: bool = True
     # processes that read request texts (normalisation, g2p; engine.text.workers), so that the front end never
     # holds the engine's GIL; -1: 2 on CUDA (where the GIL feeds the GPU), none elsewhere; 0: the request threads
     text_processes: int = -1
@@ -275,7 +278,7 @@ class EngineSettings:
     def __post_init__(self) -> None:
         if self.conv_backend not in ("auto", "cudnn", "native"):
             raise OptionsError(f"conv_backend must be auto, cudnn or native, got {self.conv_backend!r}")
-        for name in ("scheduler", "acoustic_buckets", "acoustic_graphs"):
+        for name in ("scheduler", "acoustic_buckets", "acoustic_graphs", "acoustic_compile"):
             if not isinstance(getattr(self, name), bool):
                 raise OptionsError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if not _is_int(self.scheduler_context) or self.scheduler_context < 64:

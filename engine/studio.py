@@ -316,7 +316,8 @@ class Studio:
                 sched = Scheduler(models, SchedulerConfig(slots=s.scheduler_slots, queue=s.scheduler_queue,
                                                           context=s.scheduler_context, conv_backend=s.conv_backend,
                                                           acoustic_buckets=s.acoustic_buckets,
-                                                          acoustic_graphs=s.acoustic_graphs),
+                                                          acoustic_graphs=s.acoustic_graphs,
+                                                          acoustic_compile=s.acoustic_compile),
                                   gate=self.gate, on_event=self._count, fallback=self.fallback)
                 self._schedulers[models.id] = sched
                 return sched

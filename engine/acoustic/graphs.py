@@ -66,12 +66,16 @@ class GraphBank:
 
     ``fn`` must read only its tensor arguments (and fixed weights) and return a tuple of tensors; its work must
     be capturable (no host synchronisation, no new shapes from data). ``capture``: how a graph is made
-    (:func:`capture_cuda`; tests give graph semantics on the CPU), for inputs on ``devices``.
+    (:func:`capture_cuda`; tests give graph semantics on the CPU), for inputs on ``devices``. ``captured``: the
+    function the graphs hold, when not ``fn`` itself (a compiled ``fn``: its compiling, tens of seconds, then
+    happens in a capture, never in an eager call of a shape met while serving).
     """
 
     def __init__(self, fn: Callable[..., tuple[torch.Tensor, ...]], limit: int = 64,
-                 capture: Callable[..., Graph] = capture_cuda, devices: tuple[str, ...] = ("cuda",)) -> None:
+                 capture: Callable[..., Graph] = capture_cuda, devices: tuple[str, ...] = ("cuda",),
+                 captured: Callable[..., tuple[torch.Tensor, ...]] | None = None) -> None:
         self.fn, self.limit, self._make, self._devices = fn, limit, capture, devices
+        self._captured = fn if captured is None else captured
         self._graphs: dict[Key, Graph] = {}
         self._wanted: dict[Key, tuple[tuple[torch.Tensor, ...], tuple]] = {}  # shapes met eagerly: an example each
         self._failed: set[Key] = set()  # shapes whose capture failed: always eager
@@ -125,7 +129,7 @@ class GraphBank:
             if self._pool is None and self._make is capture_cuda:
                 self._pool = torch.cuda.graph_pool_handle()
             try:
-                self._graphs[key] = self._make(self.fn, example, static, self._pool)
+                self._graphs[key] = self._make(self._captured, example, static, self._pool)
             except Exception:  # that shape stays eager; the others are unaffected
                 log.exception("capturing an acoustic graph failed; that shape runs eagerly")
                 self._failed.add(key)

@@ -86,6 +86,8 @@ class SchedulerConfig:
     # bucketed acoustic batches (CUDA) replay CUDA graphs of the shapes met (captured under the gate, a few a
     # round, and every one met at warm-up by capture_graphs); False: always eager
     acoustic_graphs: bool = True
+    # the voicing graphs hold the compiled, channels-last voicing (engine.acoustic.streaming.compiled_voicing)
+    acoustic_compile: bool = True
 
 
 @dataclass
@@ -258,7 +260,7 @@ class Scheduler:
             return None
         from engine.acoustic.streaming import AcousticGraphs
 
-        return AcousticGraphs(m.sovits)
+        return AcousticGraphs(m.sovits, compile=c.acoustic_compile)
 
     def _event(self, name: str, count: int = 1) -> None:
         if self._on_event is not None and count:
