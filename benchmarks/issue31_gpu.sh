@@ -32,8 +32,8 @@ if [ "${1:-parts}" = compile ]; then  # serving's compiled voicing (acoustic_com
     --graphs --rounds 20
   step round_split_compiled 160 python3 benchmarks/acoustic_round_split.py --device cuda --precision fp16 \
     --rows 64 --graphs --compile --rounds 20
-  step product_load 330 python3 benchmarks/product_load.py --ref-dir .gpu/refset --gsv off --levels 1,16,64,256 \
-    --duration 10 --budget 320 --out "$OUT/product"
+  step product_load 300 python3 benchmarks/product_load.py --ref-dir .gpu/refset --gsv off --levels 1,16,64,256 \
+    --duration 10 --budget 290 --out "$OUT/product"
   exit 0
 fi
 if [ "${1:-parts}" = levers ]; then
