@@ -162,20 +162,23 @@ def split(rows: int, args, sovits, device) -> dict:
             sync()
             walls.append(time.perf_counter() - t0)
     events = prof.key_averages()
-    by_name = {e.key: e for e in events}
     n = args.rounds
     stages = {}
-    for name in STAGES:
-        e = by_name.get(name)
-        if e is None:
+    for e in events:  # a range appears twice on CUDA: its host event and its device annotation (kernels inside)
+        if e.key not in STAGES:
             continue
+        s = stages.setdefault(e.key.removeprefix("acoustic."), {"host_ms": 0.0, "device_ms": 0.0, "calls": 0.0})
         device_us = getattr(e, "device_time_total", 0) or getattr(e, "cuda_time_total", 0) or 0
-        stages[name.removeprefix("acoustic.")] = {"host_ms": e.cpu_time_total / 1e3 / n,
-                                                   "device_ms": device_us / 1e3 / n, "calls": e.count / n}
+        s["host_ms"] += e.cpu_time_total / 1e3 / n
+        s["device_ms"] = max(s["device_ms"], device_us / 1e3 / n)
+        s["calls"] = max(s["calls"], e.count / n)
+    stages = {k.removeprefix("acoustic."): stages[k.removeprefix("acoustic.")] for k in STAGES
+              if k.removeprefix("acoustic.") in stages}
     kernels_us = 0.0
-    if cuda:
+    if cuda:  # kernels only: not the annotations, whose device time is that of the kernels inside them
         kernels_us = sum((getattr(e, "self_device_time_total", 0) or getattr(e, "self_cuda_time_total", 0) or 0)
-                         for e in events if e.device_type is not None and "cuda" in str(e.device_type).lower())
+                         for e in events if e.device_type is not None and "cuda" in str(e.device_type).lower()
+                         and e.key not in STAGES and not getattr(e, "is_user_annotation", False))
     wall = sum(walls)
     return {"rows": rows, "rounds": n, "graphs": graphs is not None, "round_ms": 1e3 * wall / n,
             "capture_s": capture_s, "nwc": args.nwc, "compile": graphs is not None and graphs.compiled, "audio_s_per_round": audio / n, "audio_s_per_s": audio / wall,
