@@ -264,9 +264,10 @@ class EngineSettings:
     acoustic_buckets: bool = True
     # bucketed acoustic batches (CUDA) replay CUDA graphs of the shapes met (engine.acoustic.graphs)
     acoustic_graphs: bool = True
-    # those graphs hold the voicing compiled by torch.compile over channels-last convolutions (2.1x on an H100;
-    # tens of seconds of compiling at warm-up); False: the eager voicing
-    acoustic_compile: bool = True
+    # those graphs hold the voicing compiled by torch.compile over channels-last convolutions: 2.1x the voicing
+    # on an H100, but warm-up took 134 s instead of ~25 s on an H200 and its serving speed under load is not yet
+    # measured (docs/benchmarks.md, issue 31 on the GPU), so off by default
+    acoustic_compile: bool = False
     # processes that read request texts (normalisation, g2p; engine.text.workers), so that the front end never
     # holds the engine's GIL; -1: 2 on CUDA (where the GIL feeds the GPU), none elsewhere; 0: the request threads
     text_processes: int = -1

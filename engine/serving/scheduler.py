@@ -87,7 +87,7 @@ class SchedulerConfig:
     # round, and every one met at warm-up by capture_graphs); False: always eager
     acoustic_graphs: bool = True
     # the voicing graphs hold the compiled, channels-last voicing (engine.acoustic.streaming.compiled_voicing)
-    acoustic_compile: bool = True
+    acoustic_compile: bool = False
 
 
 @dataclass
