@@ -163,3 +163,23 @@ def test_reads_file_objects(tmp_path: Path) -> None:
     assert audio.sample_rate == 16000 and audio.num_frames == 8000
     with pytest.raises(ReferenceAudioError, match="uploaded audio"):
         read_audio(io.BytesIO(b"garbage" * 10))
+
+
+def test_postprocess_divides_by_the_peak_above_one_as_the_official_code_does():
+    """engine.audio.postprocess against the official ``audio_postprocess`` written in torch: the same float32
+    numbers for a peak above 1 (positive or negative), at or below 1 (unchanged), half precision and empty."""
+    from engine.audio import postprocess
+
+    def official(audio: torch.Tensor) -> np.ndarray:
+        x = audio.float()
+        peak = x.abs().max()
+        return (x / peak if peak > 1 else x).numpy()
+
+    g = torch.Generator().manual_seed(4)
+    cases = [torch.randn(5000, generator=g) * 3, torch.randn(5000, generator=g) * 0.2,
+             torch.tensor([0.5, -2.5, 1.0]), torch.tensor([1.0, -1.0]), (torch.randn(800, generator=g) * 4).half()]
+    for audio in cases:
+        got = postprocess(audio)
+        assert got.dtype == np.float32
+        np.testing.assert_array_equal(got, official(audio))
+    assert postprocess(torch.zeros(0)).shape == (0,)
