@@ -5,6 +5,8 @@
 #   bash benchmarks/issue31_gpu.sh levers    # the voicing's speed levers (benchmarks/acoustic_levers.py)
 #   bash benchmarks/issue31_gpu.sh product   # the product path, benchmarks/product_load.py (~570 s)
 #   bash benchmarks/issue31_gpu.sh compile   # the round with and without the compiled voicing, a shorter product path
+#   bash benchmarks/issue31_gpu.sh compiled_round                 # next: the compiled round given its capture time
+#   bash benchmarks/issue31_gpu.sh product_compiled|product_plain  # next: the product path A/B (two calls)
 # At most 8 files come back from a call: each mode writes fewer.
 # Run from the repository root on the device machine, after the wheels and dictionary are in place
 # (docs/benchmarks.md, "Device command"): the acoustic round's split (graphs and eager), bounded-context
@@ -34,6 +36,19 @@ if [ "${1:-parts}" = compile ]; then  # serving's compiled voicing (acoustic_com
     --rows 64 --graphs --compile --rounds 20
   step product_load 300 python3 benchmarks/product_load.py --ref-dir .gpu/refset --gsv off --levels 1,16,64,256 \
     --duration 10 --budget 290 --out "$OUT/product"
+  exit 0
+fi
+if [ "${1:-parts}" = compiled_round ]; then  # the compiled voicing's round (its captures take ~140 s on an H200)
+  step round_split_compiled 420 python3 benchmarks/acoustic_round_split.py --device cuda --precision fp16 \
+    --rows 64,256 --graphs --compile --rounds 20
+  step round_split_graphs 120 python3 benchmarks/acoustic_round_split.py --device cuda --precision fp16 \
+    --rows 64,256 --graphs --rounds 20
+  exit 0
+fi
+if [ "${1:-parts}" = product_compiled ] || [ "${1:-parts}" = product_plain ]; then  # the A/B under load, one call
+  flag=--no-acoustic-compile; [ "$1" = product_compiled ] && flag=--acoustic-compile  # each; the same machine
+  step product_load 570 python3 benchmarks/product_load.py --ref-dir .gpu/refset --gsv off --levels 1,64,256 \
+    --duration 15 --budget 560 --serve-arg=$flag --out "$OUT/product"
   exit 0
 fi
 if [ "${1:-parts}" = levers ]; then
