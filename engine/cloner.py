@@ -34,6 +34,7 @@ from engine.errors import (
     with_field,
 )
 from engine.loading.model_pool import Models
+from engine.openmp import releasing
 from engine.options import MAX_SEED, EngineSettings, SynthesisOptions, SynthesisPlan, resolve_plan
 from engine.reference import (
     PreparedReference,
@@ -479,7 +480,13 @@ class VoiceCloner:
         from engine.serving.scheduler import Context
 
         m = self.models
-        first = next((s for i, t in enumerate(texts) if (s := self._features(i, t, lang)) is not None), None)
+
+        def featurise(index: int, text: str) -> _Sentence | None:
+            return self._features(index, text, lang)
+
+        if m.device.type == "cpu":  # the caller's thread, then the text thread, release their OpenMP teams after
+            featurise = releasing(featurise)  # each sentence, so that the decode loop runs alone (engine.openmp)
+        first = next((s for i, t in enumerate(texts) if (s := featurise(i, t)) is not None), None)
         if first is None:
             raise TextError("no sentence of the text could be read (no phones): check the text and text_lang")
         params, rules = self._sampling(opts)
@@ -487,8 +494,7 @@ class VoiceCloner:
         gap = silence(opts.fragment_interval, m.output_sample_rate if plan.streaming else m.sovits_sample_rate)
         ctx = Context(cloner=self, ref=ref, options=opts, plan=plan, seed=seed, params=params, rules=rules,
                       stream=plan.streaming, gap=gap)
-        request = self._submit(lambda sched: Request(texts, lambda i, t: self._features(i, t, lang), first,
-                                                     sched.text_executor, ctx))
+        request = self._submit(lambda sched: Request(texts, featurise, first, sched.text_executor, ctx))
 
         def pieces() -> Iterator[tuple[Piece, bool]]:
             for piece in request.pieces():

@@ -29,6 +29,7 @@ from engine.memory import (
     system_memory_reader,
 )
 from engine.errors import BusyError
+from engine.openmp import release_team
 from engine.options import EngineSettings, SynthesisOptions
 from engine.readiness import Readiness
 from engine.reference import PreparedReference, Reference, ReferenceRules
@@ -385,6 +386,8 @@ def _freeing(results: Iterator[Result], runtime: Runtime) -> Iterator[Result]:
     finally:
         if runtime.device.type == "cuda":
             torch.cuda.empty_cache()
+        elif runtime.device.type == "cpu":
+            release_team()  # the caller's thread waits for its next request: its OpenMP team goes (engine.openmp)
 
 
 @torch.no_grad()

@@ -32,6 +32,7 @@ from torch.profiler import record_function
 
 from engine.acoustic.streaming import ChunkTracker
 from engine.errors import BusyError, EngineError
+from engine.openmp import release_team
 from engine.runtime import conv_backend, tensors_to_host
 from engine.serving.gate import DeviceGate
 from engine.serving.requests import Piece, Request
@@ -223,6 +224,9 @@ class Scheduler:
         self._threads: list[threading.Thread] = []
         # float32 on the CPU voices chunk by chunk, so a request's audio is exactly what it is alone
         self.batch_acoustic = models.device.type == "cuda"
+        # on the CPU the decode loop and the acoustic thread release their OpenMP teams before they wait, so that
+        # a lone request's stages keep libgomp's full spin (engine.openmp)
+        self.cpu_teams = models.device.type == "cpu"
         self.acoustic_graphs = self._make_acoustic_graphs()
         self._acoustic_captured = threading.Event()
         self.steps = 0  # decode steps run (for benchmarks)
@@ -493,11 +497,17 @@ class Scheduler:
         else:
             self._decode_loop()
 
+    def _nothing_to_do(self) -> bool:
+        """The decode loop waits: no row, arrival, cancellation or capture (read under ``_cv``, or as a hint)."""
+        return (not self._closed and not self._n and not self._arrivals and not self._cancelled
+                and not self._capture_wanted and not self.decoder.missing)
+
     def _decode_loop(self) -> None:
         while True:
+            if self.cpu_teams and self._nothing_to_do():  # only this thread empties the rows: a safe hint
+                release_team()  # the next stage's thread finds no idle team of ours (engine.openmp)
             with self._cv:
-                while (not self._closed and not self._n and not self._arrivals and not self._cancelled
-                       and not self._capture_wanted and not self.decoder.missing):
+                while self._nothing_to_do():
                     self._cv.wait()
                 if self._closed:
                     break
@@ -801,7 +811,12 @@ class Scheduler:
             if not pending:
                 if stopping:
                     return
-                pending.append(self._acoustic.get())
+                try:
+                    pending.append(self._acoustic.get_nowait())
+                except queue.Empty:
+                    if self.cpu_teams:
+                        release_team()  # nothing to voice: this thread's OpenMP team goes while it waits
+                    pending.append(self._acoustic.get())
             while not stopping:
                 try:
                     pending.append(self._acoustic.get_nowait())
