@@ -82,8 +82,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--gsv", choices=("auto", "off", "only"), default="auto",
                     help="gsv-tts-lite on the same weights: auto (when importable), off, or only (no server)")
     ap.add_argument("--gsv-levels", type=_ints, default=None, help="client counts for gsv-tts-lite (default --levels)")
-    ap.add_argument("--omp-wait", choices=("passive", "default"), default="passive",
-                    help="the server's OpenMP waits: passive (what serve sets) or libgomp's default spin")
+    ap.add_argument("--omp-wait", choices=("default", "passive"), default="default",
+                    help="the server's OpenMP waits: libgomp's default spin-then-sleep (what serve leaves alone), "
+                         "or OMP_WAIT_POLICY=PASSIVE")
     ap.add_argument("--budget", type=float, default=570.0,
                     help="seconds this command may take in all: a level or phase that would not end in time "
                          "is skipped and the report says so (the device tool stops a command at 600 s)")
@@ -200,13 +201,19 @@ def weights_config(run: Run) -> Path:
     return config
 
 
+def omp_waits(env: dict[str, str], policy: str) -> None:
+    """The OpenMP waits of a child process: libgomp's default (the user's own settings dropped) or passive."""
+    env.pop("OMP_WAIT_POLICY", None)
+    env.pop("GOMP_SPINCOUNT", None)
+    if policy == "passive":
+        env["OMP_WAIT_POLICY"] = "PASSIVE"
+
+
 def start_server(run: Run, config: Path, port: int) -> subprocess.Popen:
     args = run.args
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
            "PYTHONUNBUFFERED": "1"}
-    if args.omp_wait == "default":  # libgomp's own spin-then-sleep (serve asks for passive waits unless told)
-        env.pop("OMP_WAIT_POLICY", None)
-        env["GOMP_SPINCOUNT"] = "300000"  # libgomp's default count, named so that serve leaves the policy alone
+    omp_waits(env, args.omp_wait)
     cmd = [sys.executable, "-m", "studio.cli", "serve", "--config", str(config), "--device", args.device,
            "--precision", args.precision, "--port", str(port), "--max-tokens-per-sentence", str(args.max_tokens),
            "--shutdown-grace", "5", "--profiles-dir", str(Path(tempfile.mkdtemp(prefix="voices-"))),
@@ -358,9 +365,7 @@ def gsv_phase(run: Run, mix_dir: Path) -> None:
     run.log("gsv-tts-lite: " + " ".join(cmd[1:]))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
            "PYTHONUNBUFFERED": "1"}
-    if args.omp_wait == "default":  # libgomp's own spin-then-sleep (serve asks for passive waits unless told)
-        env.pop("OMP_WAIT_POLICY", None)
-        env["GOMP_SPINCOUNT"] = "300000"  # libgomp's default count, named so that serve leaves the policy alone
+    omp_waits(env, args.omp_wait)
     with open(run.out / "gsv_lite.log", "wb") as log:
         try:
             proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,

@@ -7,8 +7,9 @@ page use) and ``scheduler=False`` (the official flow on the caller's thread). Af
 the same whole-file request (same text, seed, clip; ``early_stop_num`` = ``--tokens``) runs through both
 alternately, ``--repeats`` times, so that outside load on a shared machine hits both alike. Per run it records
 the wall time, the process's CPU time and every thread's CPU time (``/proc/self/task``: which threads worked),
-the number of OS threads, and the machine's load average; at the end the medians, the ratio, and what each of
-the scheduler's threads sees of torch's thread pools (``torch.get_num_threads()`` asked on that thread).
+the number of OS threads, and the machine's load average; at the end the medians (wall, CPU, T2S seconds with
+the prefill and its tokens/s, RTF), the ratio, and what each of the scheduler's threads sees of torch's thread
+pools (``torch.get_num_threads()`` asked on that thread).
 """
 
 from __future__ import annotations
@@ -109,6 +110,13 @@ def one_run(studio, reference, tokens: int, seed: int, split: str = "cut0") -> d
             "tokens": sum(len(r.tokens) for r in results), "stages": stages}
 
 
+def t2s_seconds(stages: dict) -> float:
+    """A run's T2S time, prefill included: the scheduler's counters, or the caller flow's decode calls."""
+    if stages.get("steps"):
+        return round(stages["t2s_seconds"] + stages["prefill_seconds"], 3)
+    return stages["t2s_s"]
+
+
 def pool_view(studio) -> dict:
     """torch.get_num_threads() / get_num_interop_threads() asked on each of the scheduler's threads."""
     import torch
@@ -130,9 +138,9 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--sentences", choices=sorted(SPLITS), default="one",
                    help="one: the text as one sentence; multi: cut at every comma (four sentences, each to --tokens)")
-    p.add_argument("--omp-wait", choices=("passive", "default"), default="passive",
-                   help="passive: what every sovits-studio command sets (engine.platform_env.passive_cpu_threads); "
-                        "default: libgomp's own spin-then-sleep (must be chosen before torch is imported)")
+    p.add_argument("--omp-wait", choices=("default", "passive"), default="default",
+                   help="default: libgomp's own spin-then-sleep (what the sovits-studio commands leave); passive: "
+                        "OMP_WAIT_POLICY=PASSIVE (engine.platform_env.passive_cpu_threads), chosen before torch loads")
     p.add_argument("--json", default=None)
     args = p.parse_args()
 
@@ -176,6 +184,8 @@ def main() -> int:
                          "audio_s": rs[-1]["audio_s"], "tokens": rs[-1]["tokens"],
                          "loads": [r["load"][0] for r in rs]}
         summary[name]["rtf"] = round(summary[name]["wall_s"] / summary[name]["audio_s"], 3)
+        summary[name]["t2s_s"] = statistics.median(t2s_seconds(r["stages"]) for r in rs)
+        summary[name]["t2s_tokens_per_s"] = round(rs[-1]["tokens"] / summary[name]["t2s_s"], 1)
     summary["ratio_scheduler_over_caller"] = round(summary["scheduler"]["wall_s"] / summary["caller"]["wall_s"], 3)
     print(json.dumps({"summary": summary}), flush=True)
     if args.json:

@@ -32,12 +32,11 @@ def passive_cpu_threads(environ: MutableMapping[str, str] | None = None) -> bool
     """Let PyTorch's idle OpenMP threads sleep instead of spinning (``OMP_WAIT_POLICY=PASSIVE``). Call before
     the first ``import torch``: libgomp reads it once, when it is loaded.
 
-    Why: libgomp's workers busy-wait after each parallel region, 300,000 spins by default but only 100 once the
-    process holds more OpenMP threads than CPUs, and every Python thread that runs torch work holds a team of
-    its own. So the serving scheduler (decode loop, acoustic worker, front-end thread) and a request on the
-    caller's thread waited differently for the same work, and on a loaded machine the spinning costs several
-    times the CPU of the work itself (docs/benchmarks.md, "OpenMP waits"; benchmarks/omp_wait_policy.py).
-    Passive waits are the same for every thread layout. A value the user set (``OMP_WAIT_POLICY`` or
+    The commands do not set it (libgomp's default spin-then-sleep makes the T2S decode about 1.7x faster on an
+    otherwise idle machine, and engine.openmp keeps the serving path at that speed); it is for processes that
+    share the cores with other CPU-heavy work, where a spinning worker holds a core that work needs and the
+    decode falls to a fraction of its speed: the test suite (several suites on one machine) and the benchmarks'
+    ``--omp-wait passive`` (docs/benchmarks.md, "OpenMP waits"). A value the user set (``OMP_WAIT_POLICY`` or
     ``GOMP_SPINCOUNT``) wins. Returns True when the passive policy is (now) asked for."""
     environ = os.environ if environ is None else environ
     if OMP_SPIN_VAR in environ and OMP_WAIT_VAR not in environ:

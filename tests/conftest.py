@@ -10,7 +10,8 @@ from engine.platform_env import passive_cpu_threads
 from tests.support.paths import REPO
 
 # before any test imports torch: idle OpenMP workers sleep instead of spinning, so a test run shares a loaded
-# machine's cores (several sessions' suites at once) instead of burning them (docs/benchmarks.md, "OpenMP waits")
+# machine's cores (several sessions' suites at once) instead of burning them (docs/benchmarks.md, "OpenMP waits");
+# the commands leave libgomp's default spin, which is faster only where the cores are otherwise free
 passive_cpu_threads()
 
 

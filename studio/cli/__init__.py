@@ -55,10 +55,9 @@ def build_parser(name: str) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from engine.platform_env import enable_mps_fallback, passive_cpu_threads
+    from engine.platform_env import enable_mps_fallback
 
-    enable_mps_fallback()  # these two must precede the first torch import (commands import torch lazily)
-    passive_cpu_threads()
+    enable_mps_fallback()  # must precede the first torch import (commands import torch lazily)
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
