@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -141,6 +142,8 @@ def main() -> int:
     p.add_argument("--omp-wait", choices=("default", "passive"), default="default",
                    help="default: libgomp's own spin-then-sleep (what the sovits-studio commands leave); passive: "
                         "OMP_WAIT_POLICY=PASSIVE (engine.platform_env.passive_cpu_threads), chosen before torch loads")
+    p.add_argument("--busy", type=int, default=0,
+                   help="other processes spinning on the CPU meanwhile (pure Python loops): cores not the engine's")
     p.add_argument("--json", default=None)
     args = p.parse_args()
 
@@ -170,14 +173,20 @@ def main() -> int:
         print(json.dumps({"flow": name, "warm_up": first}), flush=True)
         flows[name] = studio
     runs: dict[str, list[dict]] = {k: [] for k in flows}
-    for i in range(args.repeats):
-        order = list(flows) if i % 2 == 0 else list(reversed(flows))
-        for name in order:
-            r = one_run(flows[name], reference, args.tokens, args.seed, SPLITS[args.sentences])
-            runs[name].append(r)
-            print(json.dumps({"flow": name, "run": i, **r}), flush=True)
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
+    try:
+        for i in range(args.repeats):
+            order = list(flows) if i % 2 == 0 else list(reversed(flows))
+            for name in order:
+                r = one_run(flows[name], reference, args.tokens, args.seed, SPLITS[args.sentences])
+                runs[name].append(r)
+                print(json.dumps({"flow": name, "run": i, **r}), flush=True)
+    finally:
+        for proc in busy:
+            proc.kill()
+            proc.wait()
     summary = {"nproc": os.cpu_count(), "torch_threads": torch.get_num_threads(), "openmp": openmp_waits(),
-               "pools": pool_view(flows["scheduler"])}
+               "busy_processes": args.busy, "pools": pool_view(flows["scheduler"])}
     for name, rs in runs.items():
         summary[name] = {"wall_s": statistics.median(r["wall_s"] for r in rs),
                          "cpu_s": statistics.median(r["cpu_s"] for r in rs),

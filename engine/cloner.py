@@ -34,7 +34,7 @@ from engine.errors import (
     with_field,
 )
 from engine.loading.model_pool import Models
-from engine.openmp import releasing
+from engine.openmp import cpu_job, fit_threads
 from engine.options import MAX_SEED, EngineSettings, SynthesisOptions, SynthesisPlan, resolve_plan
 from engine.reference import (
     PreparedReference,
@@ -484,8 +484,8 @@ class VoiceCloner:
         def featurise(index: int, text: str) -> _Sentence | None:
             return self._features(index, text, lang)
 
-        if m.device.type == "cpu":  # the caller's thread, then the text thread, release their OpenMP teams after
-            featurise = releasing(featurise)  # each sentence, so that the decode loop runs alone (engine.openmp)
+        if m.device.type == "cpu":  # the caller's thread, then the text thread, fit their thread counts before each
+            featurise = cpu_job(featurise)  # sentence and release their OpenMP teams after it (engine.openmp)
         first = next((s for i, t in enumerate(texts) if (s := featurise(i, t)) is not None), None)
         if first is None:
             raise TextError("no sentence of the text could be read (no phones): check the text and text_lang")
@@ -523,6 +523,8 @@ class VoiceCloner:
     def _run(self, texts: list[str], lang: str, ref: PreparedReference, opts: SynthesisOptions, plan: SynthesisPlan,
              seed: int, on_progress: ProgressCallback | None) -> Iterator[Result]:
         m = self.models
+        if m.device.type == "cpu":
+            fit_threads()  # the cores other processes leave free (engine.openmp); Studio releases the team after
         gen = torch.Generator(device=m.device).manual_seed(seed)  # one RNG stream per request
         # FastT2S serves one request at a time and, when streaming, stays held while the chunks are voiced;
         # streaming requests use the reference loop so that they never wait for each other.

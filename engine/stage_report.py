@@ -12,6 +12,7 @@ import os
 import sys
 from typing import Any
 
+from engine.openmp import spin_waits
 from engine.platform_env import MPS_FALLBACK_VAR, openmp_waits
 
 
@@ -44,7 +45,9 @@ def stage_report(studio: Any) -> dict[str, Any]:
         "stages": stage_rows(studio),
         "fallbacks": fallbacks,
         "cpu_threads": {"intra_op": torch.get_num_threads(), "inter_op": torch.get_num_interop_threads(),
-                        "cores": os.cpu_count(), "openmp": openmp_waits()},
+                        "cores": os.cpu_count(), "openmp": openmp_waits(),
+                        # the engine's threads fit their intra-op count to the cores other processes leave free
+                        "fit_to_free_cores": spin_waits()},
     }
     notice = getattr(studio, "device_notice", "")
     if notice:
@@ -77,6 +80,7 @@ def format_report(report: dict[str, Any]) -> str:
     if report.get("mps_operator_fallback"):
         lines.append(report["mps_operator_fallback"])
     t = report["cpu_threads"]
-    lines.append(f"CPU threads: {t['intra_op']} intra-op, {t['inter_op']} inter-op, {t['cores']} cores; "
+    fit = " (the engine's threads: fewer while other processes keep cores busy)" if t.get("fit_to_free_cores") else ""
+    lines.append(f"CPU threads: {t['intra_op']} intra-op{fit}, {t['inter_op']} inter-op, {t['cores']} cores; "
                  f"{t['openmp']}")
     return "\n".join(lines)

@@ -32,7 +32,7 @@ from torch.profiler import record_function
 
 from engine.acoustic.streaming import ChunkTracker
 from engine.errors import BusyError, EngineError
-from engine.openmp import release_team
+from engine.openmp import FIT_INTERVAL_S, fit_threads, release_team
 from engine.runtime import conv_backend, tensors_to_host
 from engine.serving.gate import DeviceGate
 from engine.serving.requests import Piece, Request
@@ -225,8 +225,10 @@ class Scheduler:
         # float32 on the CPU voices chunk by chunk, so a request's audio is exactly what it is alone
         self.batch_acoustic = models.device.type == "cuda"
         # on the CPU the decode loop and the acoustic thread release their OpenMP teams before they wait, so that
-        # a lone request's stages keep libgomp's full spin (engine.openmp)
+        # a lone request's stages keep libgomp's full spin, and fit their thread counts to the cores other
+        # processes leave free (engine.openmp)
         self.cpu_teams = models.device.type == "cpu"
+        self._fitted = -math.inf  # when the decode loop last fitted its thread count
         self.acoustic_graphs = self._make_acoustic_graphs()
         self._acoustic_captured = threading.Event()
         self.steps = 0  # decode steps run (for benchmarks)
@@ -506,6 +508,7 @@ class Scheduler:
         while True:
             if self.cpu_teams and self._nothing_to_do():  # only this thread empties the rows: a safe hint
                 release_team()  # the next stage's thread finds no idle team of ours (engine.openmp)
+                self._fitted = -math.inf  # the next busy spell fits its thread count first
             with self._cv:
                 while self._nothing_to_do():
                     self._cv.wait()
@@ -513,6 +516,9 @@ class Scheduler:
                     break
                 cancelled, self._cancelled = self._cancelled, set()
                 arrivals = self._take_arrivals()
+            if self.cpu_teams and time.monotonic() - self._fitted >= FIT_INTERVAL_S:
+                fit_threads()
+                self._fitted = time.monotonic()
             try:
                 self._drop(cancelled)
                 if arrivals:
@@ -839,6 +845,8 @@ class Scheduler:
             elif self.acoustic_graphs is not None and self.acoustic_graphs.wanted:
                 self._capture_acoustic(stream, ACOUSTIC_CAPTURES_PER_ROUND)
             taken, pending = _round(pending)
+            if self.cpu_teams:
+                fit_threads()  # the cores other processes leave free (engine.openmp)
             t0 = time.perf_counter()
             try:
                 with self.gate.work(), conv_backend(self.models.device, self.config.conv_backend):

@@ -1,44 +1,52 @@
 """OpenMP teams on the CPU (engine.openmp): a thread that has done a request's torch work gives its team back
 before it waits (the caller after the first sentence's front end, the text thread after each sentence, the
 decode loop and the acoustic thread when they run out of work, the caller's flow at its end), so that a lone
-request's stages each find one team in the process and keep libgomp's full spin."""
+request's stages each find one team in the process and keep libgomp's full spin; and each of them fits its
+thread count to the cores other processes leave free before its work."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 
 import pytest
 
+import engine.cloner
 import engine.openmp
 import engine.serving.scheduler
 import engine.studio
 import tests.support.synth as sup
-from engine.openmp import loaded_libgomp
 from engine.options import EngineSettings, SynthesisOptions
 from engine.reference import Reference
 from engine.studio import Studio
-from tests.support.paths import REPO
 
 TEXT = "The quick brown fox jumps over the lazy dog. It was a bright cold day."
 
 
-def _release_calls(monkeypatch) -> list[str]:
-    """The names of the threads that release their team from now on (the release still happens)."""
+def _calls(monkeypatch, name: str, modules) -> list[str]:
+    """The names of the threads that call ``name`` of engine.openmp from now on (the call still happens)."""
     calls: list[str] = []
-    real = engine.openmp.release_team
+    real = getattr(engine.openmp, name)
 
-    def recorded() -> bool:
+    def recorded(*args, **kwargs):
         calls.append(threading.current_thread().name)
-        return real()
+        return real(*args, **kwargs)
 
-    for module in (engine.openmp, engine.serving.scheduler, engine.studio):
-        monkeypatch.setattr(module, "release_team", recorded)
+    for module in modules:
+        monkeypatch.setattr(module, name, recorded)
     return calls
 
 
+def _release_calls(monkeypatch) -> list[str]:
+    return _calls(monkeypatch, "release_team", (engine.openmp, engine.serving.scheduler, engine.studio))
+
+
+def _fit_calls(monkeypatch) -> list[str]:
+    return _calls(monkeypatch, "fit_threads", (engine.openmp, engine.serving.scheduler, engine.cloner))
+
+
 def _synthesize(scheduler: bool, stream: bool, calls: list[str]) -> None:
+    """One request on the shared tiny v2 set; with the scheduler, until its decode loop and acoustic thread have
+    been seen in ``calls`` (or 5 s) and it is idle."""
     shared = sup.studio("v2")
     studio = Studio(shared.default_weights, shared.runtime, EngineSettings(scheduler=scheduler), pool=shared.pool)
     try:
@@ -71,22 +79,16 @@ def test_the_callers_flow_gives_its_team_back_at_its_end(monkeypatch) -> None:
     assert calls == [threading.current_thread().name]
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="libgomp: PyTorch's OpenMP on Linux")
-def test_release_team_ends_the_calling_threads_openmp_workers() -> None:
-    """In a fresh process: a thread that ran a parallel region on 2 threads holds one worker; after
-    release_team it holds none, and the next region starts a new team."""
-    if not loaded_libgomp():
-        pytest.skip("this PyTorch build does not use libgomp")
-    code = (
-        "import os, torch\n"
-        "from engine.openmp import release_team\n"
-        "torch.set_num_threads(2)\n"
-        "count = lambda: len(os.listdir('/proc/self/task'))\n"
-        "x = torch.ones(1 << 22)\n"
-        "x.mul_(2).sum(); before = count()\n"
-        "assert release_team(); after = count()\n"
-        "x.mul_(2).sum(); again = count()\n"
-        "print(before - after, again - after)\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
-    assert out.stdout.split() == ["1", "1"]
+@pytest.mark.parametrize("stream", [False, True])
+def test_every_thread_of_a_scheduled_cpu_request_fits_its_thread_count_first(monkeypatch, stream) -> None:
+    calls = _fit_calls(monkeypatch)
+    _synthesize(True, stream, calls)
+    assert threading.current_thread().name in calls
+    assert any(name.startswith("text") for name in calls)
+    assert "t2s-loop" in calls and "acoustic" in calls
+
+
+def test_the_callers_flow_fits_its_thread_count_first(monkeypatch) -> None:
+    calls = _fit_calls(monkeypatch)
+    _synthesize(False, False, calls)
+    assert calls == [threading.current_thread().name]
