@@ -16,9 +16,9 @@ The spin has a price: it is fast only while the team has its cores to itself. Wh
 core busy (a second engine, a build, a load-test client), a worker spins while its master waits for a core, every
 region stalls for a scheduler slice, and the decode falls to a tenth of its speed or less (one busy process
 beside a 2-core decode: 3.8 tokens/s instead of 50; docs/benchmarks.md). So the engine's threads also fit their
-torch thread count to the cores other processes leave free (:func:`fit_threads`, Linux, libgomp's spin only): one
-thread when another process takes a core of two, the configured count again when it is gone. The decode loop
-refits every second of decoding, the other threads before each piece of work.
+torch thread count to the cores other processes leave free (:func:`fit_threads`, Linux, libgomp's spin, no
+``OMP_NUM_THREADS``): one thread when another process takes a core of two, the configured count again when it is
+gone. The decode loop refits every second of decoding, the other threads before each piece of work.
 
 Only libgomp is handled (PyTorch's Linux builds); elsewhere (macOS's libomp, MKL's own runtime) nothing is done.
 """
@@ -146,17 +146,24 @@ def spin_waits() -> bool:
     return bool(_runtimes()) and os.environ.get("OMP_WAIT_POLICY", "").strip().upper() != "PASSIVE"
 
 
+def fits_threads() -> bool:
+    """Whether :func:`fit_threads` adapts the thread count: libgomp's spin, and no count fixed in
+    ``OMP_NUM_THREADS`` (the user's, or Ray's per replica). A fixed count keeps float rounding the same at any
+    machine load: matrix products on 1 and 2 threads differ in the last bits (T2S logits by about 2e-6)."""
+    return spin_waits() and not os.environ.get("OMP_NUM_THREADS", "").strip()
+
+
 def fit_threads(load: OtherLoad | None = None) -> int:
     """Set the calling thread's torch intra-op threads to the cores other processes leave free (at most the
-    configured count); call it before a piece of CPU work. Where the workers do not spin (passive waits, no
-    libgomp) or the load cannot be read, the configured count. Returns the thread count now set."""
+    configured count); call it before a piece of CPU work. Where it does not adapt (:func:`fits_threads`) or
+    the load cannot be read, the configured count. Returns the thread count now set."""
     global _configured
     import torch
 
     if _configured is None:
         _configured = torch.get_num_threads()
     want = _configured
-    if spin_waits():
+    if fits_threads():
         others = (load or _other_load).cores()
         if others is not None:
             want = fitted_threads(_configured, os.cpu_count() or 1, others)

@@ -12,7 +12,7 @@ import os
 import sys
 from typing import Any
 
-from engine.openmp import spin_waits
+from engine.openmp import fits_threads
 from engine.platform_env import MPS_FALLBACK_VAR, openmp_waits
 
 
@@ -47,7 +47,7 @@ def stage_report(studio: Any) -> dict[str, Any]:
         "cpu_threads": {"intra_op": torch.get_num_threads(), "inter_op": torch.get_num_interop_threads(),
                         "cores": os.cpu_count(), "openmp": openmp_waits(),
                         # the engine's threads fit their intra-op count to the cores other processes leave free
-                        "fit_to_free_cores": spin_waits()},
+                        "fit_to_free_cores": fits_threads()},
     }
     notice = getattr(studio, "device_notice", "")
     if notice:

@@ -14,8 +14,10 @@ from tests.support.paths import REPO
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="libgomp: PyTorch's OpenMP on Linux")
 
 
-def _run(code: str) -> list[str]:
-    env_code = "import os\nos.environ.pop('OMP_WAIT_POLICY', None)\nos.environ.pop('GOMP_SPINCOUNT', None)\n"
+def _run(code: str, threads: str | None = None) -> list[str]:
+    """``code`` in a fresh process with libgomp's default waits (and OMP_NUM_THREADS=``threads`` if given)."""
+    env_code = ("import os\nfor var in ('OMP_WAIT_POLICY', 'GOMP_SPINCOUNT', 'OMP_NUM_THREADS'):\n"
+                "    os.environ.pop(var, None)\n" + (f"os.environ['OMP_NUM_THREADS'] = '{threads}'\n" if threads else ""))
     out = subprocess.run([sys.executable, "-c", env_code + code], capture_output=True, text=True, cwd=REPO,
                          check=True)
     return out.stdout.split()
@@ -87,3 +89,19 @@ def test_fit_threads_sets_the_calling_threads_count_only() -> None:
     if out[0] != "True":
         pytest.skip("this PyTorch build does not use libgomp")
     assert out[1:4] == ["1", "1", out[5]] and out[4] == "2"
+
+
+@linux_only
+def test_a_thread_count_fixed_in_omp_num_threads_stays() -> None:
+    """OMP_NUM_THREADS (the user's, or Ray's per replica) fixes the count: no fit, whatever the load."""
+    code = (
+        "import torch\n"
+        "import engine.openmp as omp\n"
+        "class Load:\n"
+        "    def cores(self): return float(os.cpu_count())\n"
+        "print(omp.spin_waits(), omp.fits_threads(), omp.fit_threads(Load()), torch.get_num_threads())\n"
+    )
+    out = _run(code, threads="2")
+    if out[0] != "True":
+        pytest.skip("this PyTorch build does not use libgomp")
+    assert out[1:] == ["False", "2", "2"]
