@@ -17,7 +17,9 @@ linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="li
 def _run(code: str, threads: str | None = None) -> list[str]:
     """``code`` in a fresh process with libgomp's default waits (and OMP_NUM_THREADS=``threads`` if given)."""
     env_code = ("import os\nfor var in ('OMP_WAIT_POLICY', 'GOMP_SPINCOUNT', 'OMP_NUM_THREADS'):\n"
-                "    os.environ.pop(var, None)\n" + (f"os.environ['OMP_NUM_THREADS'] = '{threads}'\n" if threads else ""))
+                "    os.environ.pop(var, None)\n")
+    if threads:
+        env_code += f"os.environ['OMP_NUM_THREADS'] = '{threads}'\n"
     out = subprocess.run([sys.executable, "-c", env_code + code], capture_output=True, text=True, cwd=REPO,
                          check=True)
     return out.stdout.split()
