@@ -224,9 +224,8 @@ class Scheduler:
         self._threads: list[threading.Thread] = []
         # float32 on the CPU voices chunk by chunk, so a request's audio is exactly what it is alone
         self.batch_acoustic = models.device.type == "cuda"
-        # on the CPU the decode loop and the acoustic thread release their OpenMP teams before they wait, so that
-        # a lone request's stages keep libgomp's full spin, and fit their thread counts to the cores other
-        # processes leave free (engine.openmp)
+        # CPU: the decode loop and the acoustic thread release their OpenMP teams before they wait (a lone request's
+        # stages keep libgomp's full spin) and fit their thread counts to the free cores (engine.openmp)
         self.cpu_teams = models.device.type == "cpu"
         self._fitted = -math.inf  # when the decode loop last fitted its thread count
         self.acoustic_graphs = self._make_acoustic_graphs()
@@ -817,12 +816,9 @@ class Scheduler:
             if not pending:
                 if stopping:
                     return
-                try:
-                    pending.append(self._acoustic.get_nowait())
-                except queue.Empty:
-                    if self.cpu_teams:
-                        release_team()  # nothing to voice: this thread's OpenMP team goes while it waits
-                    pending.append(self._acoustic.get())
+                if self.cpu_teams and self._acoustic.empty():
+                    release_team()  # nothing to voice: this thread's OpenMP team goes while it waits
+                pending.append(self._acoustic.get())
             while not stopping:
                 try:
                     pending.append(self._acoustic.get_nowait())
