@@ -33,6 +33,8 @@ import threading
 import time
 from pathlib import Path
 
+from busy_neighbours import busy_neighbours  # benchmarks/ (the script's folder)
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -118,8 +120,7 @@ def main() -> int:
         return 0
     policies = args.policies.split(",")
     runs: dict[str, list[dict]] = {k: [] for k in policies}
-    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
-    try:
+    with busy_neighbours(args.busy):
         for i in range(args.pairs):
             for policy in policies if i % 2 == 0 else list(reversed(policies)):
                 env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
@@ -130,10 +131,6 @@ def main() -> int:
                 r = json.loads(out.stdout.strip().splitlines()[-1])
                 runs[policy].append(r)
                 print(json.dumps({"policy": policy, "pair": i, **r}), flush=True)
-    finally:
-        for proc in busy:
-            proc.kill()
-            proc.wait()
     summary = {"nproc": os.cpu_count(), "tokens": args.tokens, "busy_processes": args.busy}
     for policy, rs in runs.items():
         summary[policy] = {case: {k: statistics.median(r[case][k] for r in rs) for k in rs[0][case]}

@@ -18,12 +18,13 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
+
+from busy_neighbours import busy_neighbours  # benchmarks/ (the script's folder)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -173,18 +174,13 @@ def main() -> int:
         print(json.dumps({"flow": name, "warm_up": first}), flush=True)
         flows[name] = studio
     runs: dict[str, list[dict]] = {k: [] for k in flows}
-    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
-    try:
+    with busy_neighbours(args.busy):
         for i in range(args.repeats):
             order = list(flows) if i % 2 == 0 else list(reversed(flows))
             for name in order:
                 r = one_run(flows[name], reference, args.tokens, args.seed, SPLITS[args.sentences])
                 runs[name].append(r)
                 print(json.dumps({"flow": name, "run": i, **r}), flush=True)
-    finally:
-        for proc in busy:
-            proc.kill()
-            proc.wait()
     summary = {"nproc": os.cpu_count(), "torch_threads": torch.get_num_threads(), "openmp": openmp_waits(),
                "busy_processes": args.busy, "pools": pool_view(flows["scheduler"])}
     for name, rs in runs.items():
