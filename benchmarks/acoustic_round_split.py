@@ -111,26 +111,40 @@ class Streams:
         return list(self.streams), chunks
 
 
-def one_round(streams: Streams, graphs, device) -> float:
-    """One acoustic round as the scheduler runs it; returns the seconds of audio it made."""
+def launch_round(streams: Streams, graphs, device):
+    """One acoustic round queued as the scheduler queues it (nothing waits for the device): its Delivery."""
     import torch
     from torch.profiler import record_function
 
+    from engine.acoustic.delivery import Delivery
     from engine.acoustic.streaming import voice_together
-    from engine.audio import postprocess
-    from engine.runtime import tensors_to_host
 
     live, chunks = streams.next_chunks()
     with torch.inference_mode():
-        audios = voice_together(live, chunks, buckets=True, graphs=graphs)
+        audios = voice_together(live, chunks, buckets=True, graphs=graphs, lazy=True)
         with record_function("acoustic.to_host"):
-            audios = tensors_to_host(audios, device)
+            return Delivery(audios, device)
+
+
+def deliver(delivery) -> float:
+    """A launched round's audio on the host, peak-normalised as the scheduler delivers it: its seconds of audio."""
+    from torch.profiler import record_function
+
+    from engine.audio import postprocess
+
+    with record_function("acoustic.to_host"):
+        audios = delivery.wait()
     with record_function("acoustic.postprocess"):
         samples = sum(postprocess(a).size for a in audios)
     return samples / SAMPLE_RATE
 
 
-def split(rows: int, args, sovits, device) -> dict:
+def one_round(streams: Streams, graphs, device) -> float:
+    """One acoustic round as the scheduler runs it without the pipeline; returns the seconds of audio it made."""
+    return deliver(launch_round(streams, graphs, device))
+
+
+def split(rows: int, args, sovits, device) -> list[dict]:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -153,14 +167,35 @@ def split(rows: int, args, sovits, device) -> dict:
         if graphs is not None and graphs.wanted:
             graphs.capture_wanted()
     sync()
-    walls, audio = [], 0.0
+    return [measure(streams, graphs, device, rows, args, capture_s, pipelined == "on")
+            for pipelined in args.pipeline.split(",")]
+
+
+def measure(streams: Streams, graphs, device, rows: int, args, capture_s: float, pipelined: bool) -> dict:
+    """``args.rounds`` rounds under the profiler: one at a time (each delivered before the next is queued), or
+    ``pipelined`` as the scheduler's acoustic_pipeline runs them (round N+1 queued before round N is delivered)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    audio = 0.0
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=activities) as prof:
+        t0 = time.perf_counter()
+        in_flight = None
         for _ in range(args.rounds):
-            t0 = time.perf_counter()
-            audio += one_round(streams, graphs, device)
-            sync()
-            walls.append(time.perf_counter() - t0)
+            if not pipelined:
+                audio += one_round(streams, graphs, device)
+                continue
+            launched = launch_round(streams, graphs, device)
+            if in_flight is not None:
+                audio += deliver(in_flight)
+            in_flight = launched
+        if in_flight is not None:
+            audio += deliver(in_flight)
+        sync()
+        walls = [time.perf_counter() - t0]
     events = prof.key_averages()
     n = args.rounds
     stages = {}
@@ -180,13 +215,13 @@ def split(rows: int, args, sovits, device) -> dict:
                          for e in events if e.device_type is not None and "cuda" in str(e.device_type).lower()
                          and e.key not in STAGES and not getattr(e, "is_user_annotation", False))
     wall = sum(walls)
-    return {"rows": rows, "rounds": n, "graphs": graphs is not None, "round_ms": 1e3 * wall / n,
+    return {"rows": rows, "rounds": n, "graphs": graphs is not None, "pipelined": pipelined, "round_ms": 1e3 * wall / n,
             "capture_s": capture_s, "nwc": args.nwc, "compile": graphs is not None and graphs.compiled, "audio_s_per_round": audio / n, "audio_s_per_s": audio / wall,
             "device_busy": (kernels_us / 1e6 / wall) if cuda else None, "stages": stages}
 
 
 def table(res: dict) -> str:
-    lines = [f"#### {res['rows']} streams, {'graphs' if res['graphs'] else 'eager'}{', NWC' if res['nwc'] else ''}{', compiled voicing' if res.get('compile') else ''}: round {res['round_ms']:.1f} ms, "
+    lines = [f"#### {res['rows']} streams, {'graphs' if res['graphs'] else 'eager'}{', NWC' if res['nwc'] else ''}{', compiled voicing' if res.get('compile') else ''}{', pipelined' if res.get('pipelined') else ''}: round {res['round_ms']:.1f} ms, "
              f"{res['audio_s_per_round']:.2f} audio s a round, {res['audio_s_per_s']:.1f} audio-s/s"
              + (f", device busy {100 * res['device_busy']:.0f}% of the wall time" if res["device_busy"] is not None
                 else ""), "",
@@ -215,6 +250,9 @@ def main() -> int:
                          "acoustic_compile)")
     ap.add_argument("--nwc", action="store_true",
                     help="every convolution on channels-last activations (benchmarks/acoustic_levers.py's lever)")
+    ap.add_argument("--pipeline", default="off", choices=("off", "on", "off,on", "on,off"),
+                    help="rounds one at a time (off), or each queued before the previous one's audio is delivered "
+                         "(on: serving's acoustic_pipeline); off,on: both, over the same graphs")
     ap.add_argument("--json", help="write the figures here too")
     args = ap.parse_args()
     import torch
@@ -230,9 +268,9 @@ def main() -> int:
     print(f"device {report['device']}, {args.version} full size, {args.precision}, torch threads "
           f"{report['torch_threads']}, load average {report['load_average'][0]:.1f}", flush=True)
     for rows in (int(x) for x in args.rows.split(",")):
-        res = split(rows, args, sovits, rt.device)
-        report["results"].append(res)
-        print(table(res) + "\n", flush=True)
+        for res in split(rows, args, sovits, rt.device):
+            report["results"].append(res)
+            print(table(res) + "\n", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))
     return 0

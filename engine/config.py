@@ -88,6 +88,8 @@ KNOBS = (
          "processes that read request texts off the engine's GIL (-1: 2 on CUDA, none elsewhere; 0: none)"),
     Knob("acoustic_compile", ENGINE, "acoustic_compile", bool,
          "CUDA: the streamed chunks' voicing compiled (torch.compile, channels-last: 2.1x the voicing; warm-up about 2 min)"),
+    Knob("acoustic_pipeline", ENGINE, "acoustic_pipeline", bool,
+         "CUDA: queue each acoustic round's kernels before the previous round's audio is delivered"),
     Knob("stream_context_tokens", ENGINE, "stream_context_tokens", int,
          "token streaming: tokens before a chunk its encoders see (0: the whole sentence, official; N: faster, "
          "approximate)"),

@@ -268,6 +268,10 @@ class EngineSettings:
     # on an H100, but warm-up took 134 s instead of ~25 s on an H200 and its serving speed under load is not yet
     # measured (docs/benchmarks.md, issue 31 on the GPU), so off by default
     acoustic_compile: bool = False
+    # CUDA: each acoustic round's kernels are queued before the previous round's audio is delivered (its copy to
+    # the host, peaks, pieces to their requests), so the device does not wait for that host work; False: one
+    # round at a time (the same numbers either way)
+    acoustic_pipeline: bool = True
     # processes that read request texts (normalisation, g2p; engine.text.workers), so that the front end never
     # holds the engine's GIL; -1: 2 on CUDA (where the GIL feeds the GPU), none elsewhere; 0: the request threads
     text_processes: int = -1
@@ -279,7 +283,7 @@ class EngineSettings:
     def __post_init__(self) -> None:
         if self.conv_backend not in ("auto", "cudnn", "native"):
             raise OptionsError(f"conv_backend must be auto, cudnn or native, got {self.conv_backend!r}")
-        for name in ("scheduler", "acoustic_buckets", "acoustic_graphs", "acoustic_compile"):
+        for name in ("scheduler", "acoustic_buckets", "acoustic_graphs", "acoustic_compile", "acoustic_pipeline"):
             if not isinstance(getattr(self, name), bool):
                 raise OptionsError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if not _is_int(self.scheduler_context) or self.scheduler_context < 64:

@@ -21,6 +21,7 @@ import contextlib
 import copy
 import dataclasses
 import logging
+import math
 import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -276,26 +277,56 @@ def copy_to_host(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], device: tor
     wait_for_device(device)
 
 
+class HostCopy:
+    """Tensors on ``device`` on their way to the host, in one copy per dtype (concatenated flat on the device),
+    queued without waiting: on CUDA into pinned buffers behind an event, so the caller can queue more device
+    work (the next round) before :meth:`wait` reads the copies. Elsewhere :meth:`wait` waits for the device as
+    :func:`copy_to_host` does. Same values and shapes."""
+
+    def __init__(self, tensors: Sequence[torch.Tensor], device: torch.device | str) -> None:
+        self.device = torch.device(device)
+        self._shapes = [t.shape for t in tensors]
+        self._parts: list[tuple[list[int], torch.Tensor]] = []
+        self._event = None
+        if not tensors or self.device.type == "cpu":
+            self._ready = list(tensors)
+            return
+        self._ready = None
+        by_dtype: dict[torch.dtype, list[int]] = {}
+        for i, t in enumerate(tensors):
+            by_dtype.setdefault(t.dtype, []).append(i)
+        cuda = self.device.type == "cuda"
+        for dtype, idx in by_dtype.items():
+            flat = torch.cat([tensors[i].reshape(-1) for i in idx])
+            host = torch.empty(flat.shape, dtype=dtype, pin_memory=cuda and torch.cuda.is_available())  # pinned:
+            host.copy_(flat, non_blocking=True)  # the copy is only queued
+            self._parts.append((idx, host))
+        if cuda:
+            self._event = torch.cuda.Event()
+            self._event.record(torch.cuda.current_stream(self.device))
+
+    def wait(self) -> list[torch.Tensor]:
+        """The tensors on the host (blocks until their copy is done)."""
+        if self._ready is not None:
+            return self._ready
+        if self._event is not None:
+            self._event.synchronize()
+        else:
+            wait_for_device(self.device)
+        out: list = [None] * len(self._shapes)
+        for idx, host in self._parts:
+            if host.is_pinned():  # out of the pinned pool at once: what callers keep must not hold it
+                host = torch.empty(host.shape, dtype=host.dtype).copy_(host)
+            for i, piece in zip(idx, torch.split(host, [math.prod(self._shapes[i]) for i in idx])):
+                out[i] = piece.view(self._shapes[i])
+        self._ready, self._parts = out, []
+        return out
+
+
 def tensors_to_host(tensors: Sequence[torch.Tensor], device: torch.device | str) -> list[torch.Tensor]:
     """Tensors on ``device`` on the host in one copy (one wait for the device, not one a tensor): concatenated
-    flat on the device per dtype, copied with :func:`copy_to_host`, split on the host. Same values and shapes."""
-    if not tensors or torch.device(device).type == "cpu":
-        return list(tensors)
-    out: list = [None] * len(tensors)
-    by_dtype: dict[torch.dtype, list[int]] = {}
-    for i, t in enumerate(tensors):
-        by_dtype.setdefault(t.dtype, []).append(i)
-    pairs, parts = [], []
-    for dtype, idx in by_dtype.items():
-        flat = torch.cat([tensors[i].reshape(-1) for i in idx])
-        host = torch.empty(flat.shape, dtype=dtype)
-        pairs.append((host, flat))
-        parts.append((idx, host))
-    copy_to_host(pairs, device)
-    for idx, host in parts:
-        for i, piece in zip(idx, torch.split(host, [tensors[i].numel() for i in idx])):
-            out[i] = piece.view(tensors[i].shape)
-    return out
+    flat on the device per dtype, copied, split on the host (:class:`HostCopy`). Same values and shapes."""
+    return HostCopy(tensors, device).wait()
 
 
 # ---- operators the device lacks --------------------------------------------------------------

@@ -318,7 +318,8 @@ class Studio:
                                                           context=s.scheduler_context, conv_backend=s.conv_backend,
                                                           acoustic_buckets=s.acoustic_buckets,
                                                           acoustic_graphs=s.acoustic_graphs,
-                                                          acoustic_compile=s.acoustic_compile),
+                                                          acoustic_compile=s.acoustic_compile,
+                                                          acoustic_pipeline=s.acoustic_pipeline),
                                   gate=self.gate, on_event=self._count, fallback=self.fallback)
                 self._schedulers[models.id] = sched
                 return sched

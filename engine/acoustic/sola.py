@@ -9,6 +9,7 @@ Hann-cross-faded with that tail.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -32,8 +33,27 @@ def sola_tail(head: torch.Tensor, nxt: torch.Tensor, overlap: int, search: int =
     return tail
 
 
+@dataclass(frozen=True)
+class Lagged:
+    """What a stream plays of a chunk whose SOLA lag is still on the device: ``audio[lag:len(audio) - overlap]``
+    with ``lag = lags[index]`` (:func:`sola_chunks` with ``lazy``). Nothing waits for the device until it is cut:
+    :meth:`cut` on the device, or :func:`engine.acoustic.delivery.start_delivery` after one copy to the host."""
+
+    audio: torch.Tensor  # (samples,) the chunk with its cross-fade written at [lag, lag + overlap)
+    lags: torch.Tensor  # (pairs,) long, on the device: the lags of the pairs joined together
+    index: int
+    overlap: int
+
+    def cut(self, audio: torch.Tensor | None = None, lags: Sequence[int] | None = None) -> torch.Tensor:
+        """The played samples: of ``audio`` (this chunk's copy, e.g. on the host) with ``lags`` (the lags read),
+        else of the device tensors (one wait for the device)."""
+        audio = self.audio if audio is None else audio
+        lag = int(self.lags[self.index]) if lags is None else int(lags[self.index])
+        return audio[lag:audio.shape[0] - self.overlap]
+
+
 def sola_chunks(heads: Sequence[torch.Tensor], nexts: Sequence[torch.Tensor], overlap: int,
-                search: int = SOLA_SEARCH) -> list[torch.Tensor]:
+                search: int = SOLA_SEARCH, lazy: bool = False) -> list:
     """For several (previous chunk, next chunk) pairs of one dtype and device, what a stream plays of the next
     chunk: ``sola_pair(head, next, overlap)[len(head) - overlap: -overlap]`` each, with its in-place write (a
     float32 ``next`` holds its cross-fade afterwards). The lags of the pairs whose ``next`` has ``overlap +
@@ -41,7 +61,10 @@ def sola_chunks(heads: Sequence[torch.Tensor], nexts: Sequence[torch.Tensor], ov
     cuDNN plans) and reach the host in one copy (one wait for the device, not one a pair); their cross-fades
     are computed together, in float32. The same arithmetic per pair; only the correlation's summation order
     may differ (a grouped convolution), so a lag can differ where two are tied to rounding. Shorter pairs are
-    joined one by one."""
+    joined one by one.
+
+    ``lazy``: those pairs are returned as :class:`Lagged` (the cross-fade written on the device, the lag not read):
+    the caller cuts them once it has the lags, so queuing the join never waits for the device."""
     out: list = [None] * len(heads)
     full = [i for i, n in enumerate(nexts) if n.shape[0] >= overlap + search]
     for i in sorted(set(range(len(heads))) - set(full)):
@@ -57,19 +80,20 @@ def sola_chunks(heads: Sequence[torch.Tensor], nexts: Sequence[torch.Tensor], ov
     lags = (corr / energy.sqrt()).argmax(dim=1)[: len(full)]
     w1, w2 = w1[: len(full)], w2[: len(full)]
     window = torch.hann_window(overlap * 2, device=w1.device, dtype=w1.dtype)
-    start = w2.gather(1, lags.unsqueeze(1) + torch.arange(overlap, device=w1.device))  # next[lag:lag + overlap]
-    faded = window[:overlap] * start + window[overlap:] * w1
+    at = lags.unsqueeze(1) + torch.arange(overlap, device=w1.device)  # (pairs, overlap): next[lag:lag + overlap]
+    faded = window[:overlap] * w2.gather(1, at) + window[overlap:] * w1
     dtype = nexts[full[0]].dtype
     if dtype != torch.float32:
         faded = faded.to(dtype)  # as sola_pair's result, cast back (next itself is not written: a float copy was)
-    for k, (i, lag) in enumerate(zip(full, lags.tolist())):
-        nxt, keep = nexts[i], nexts[i].shape[0] - lag - overlap
-        if dtype == torch.float32:
-            nxt[lag:lag + overlap] = faded[k]  # into next itself, as sola_tail writes
-            out[i] = nxt[lag:lag + keep]
-        else:
-            out[i] = torch.cat([faded[k], nxt[lag + overlap:]])[:keep]
-    return out
+    for k, i in enumerate(full):
+        # float32: into next itself, as sola_tail writes; else into a copy (sola_pair wrote into a float copy)
+        written = nexts[i] if dtype == torch.float32 else nexts[i].clone()
+        written.scatter_(0, at[k], faded[k])
+        out[i] = Lagged(written, lags, k, overlap)
+    if lazy:
+        return out
+    read = lags.tolist()  # one wait for the device
+    return [o.cut(lags=read) if isinstance(o, Lagged) else o for o in out]
 
 
 def sola_join(fragments: Sequence[torch.Tensor], overlap: int, search: int = SOLA_SEARCH) -> torch.Tensor:

@@ -613,8 +613,9 @@ def _batch_inputs(sovits, rows: Sequence[dict], buckets: bool) -> _Batch:
         grid[i, -4:] = (frame * n_codes[k], n_text[k], n_out[k], frame * n_codes[k] - n_out[k])
     starts_at = np.cumsum([0, *n_out[:-1]])
     drawn = np.minimum(starts_at[:, None] + np.arange(w_out), max(sum(n_out) - 1, 0))  # past a row's end: masked
-    flat = torch.from_numpy(np.concatenate([grid.ravel(), *map(np.asarray, members), fade.ravel(),
-                                            drawn.ravel()])).to(dev)
+    flat = torch.from_numpy(np.concatenate([grid.ravel(), *map(np.asarray, members), fade.ravel(), drawn.ravel()]))
+    # CUDA: from pageable memory the copy would first wait for the stream (the previous round's kernels)
+    flat = flat.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else flat.to(dev)
     grid, at = flat[: grid.size].view(grid.shape), grid.size
     picks = []
     for m in members:
@@ -747,13 +748,15 @@ class SentenceStream:
 @torch.no_grad()
 def voice_together(streams: Sequence[SentenceStream], chunks: Sequence[tuple[Sequence[int], bool]],
                    buckets: bool = False, sentences: Sequence[dict] = (), graphs: AcousticGraphs | None = None,
-                   ) -> list[torch.Tensor]:
+                   lazy: bool = False) -> list:
     """One chunk for each of several different sentence streams, decoded in one batch where they share
     a model and speed 1 (else one by one). Returns each stream's audio, as :meth:`SentenceStream.voice`.
     ``buckets``: decode in bucketed shapes, in sub-batches of similar width (:func:`decode_streaming_batch`),
     a single stream too. ``sentences``: :func:`sentence_row` rows of whole sentences (same model, speed 1)
     decoded in the same batches; their audio (samples,) follows the streams' in the result. ``graphs``: the
-    model's :class:`AcousticGraphs` (CUDA, with buckets)."""
+    model's :class:`AcousticGraphs` (CUDA, with buckets). ``lazy``: a batched chunk's SOLA join may come back as
+    :class:`engine.acoustic.sola.Lagged` (its lag not read: nothing here waits for the device), for
+    :class:`engine.acoustic.delivery.Delivery` to cut on the host."""
     sovits = streams[0].sovits if streams else sentences[0]["sovits"] if sentences else None
     if any(r["sovits"] is not sovits for r in sentences):
         raise ValueError("voice_together decodes the sentences of one model at once")
@@ -770,17 +773,18 @@ def voice_together(streams: Sequence[SentenceStream], chunks: Sequence[tuple[Seq
         graphs = None
     decoded = decode_streaming_batch(sovits, [*rows, *sentences], buckets=buckets, graphs=graphs) \
         if rows or sentences else []
-    for i, audio in zip(together, finish_together([streams[i] for i in together], plans, decoded)):
+    for i, audio in zip(together, finish_together([streams[i] for i in together], plans, decoded, lazy=lazy)):
         out[i] = audio
     return out + [audio for audio, _ in decoded[len(rows):]]
 
 
 def finish_together(streams: Sequence[SentenceStream], plans: Sequence[dict],
-                    decoded: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
+                    decoded: Sequence[tuple[torch.Tensor, torch.Tensor]], lazy: bool = False) -> list:
     """Crop and SOLA-join the decoded chunks (audio (samples,), latent) of several streams, one each -> the
     audio each plays. A first chunk holds back its last ``overlap_size`` samples, a final one is played whole,
     any other is joined to the stream's previous chunk: the joins of chunks with one overlap, dtype and device
-    search their lags together (:func:`engine.acoustic.sola.sola_chunks`: one wait for the device for all)."""
+    search their lags together (:func:`engine.acoustic.sola.sola_chunks`: one wait for the device for all, none
+    with ``lazy``, which may return :class:`engine.acoustic.sola.Lagged` joins)."""
     from engine.acoustic.sola import sola_chunks
 
     crops = [s._crop(p, audio) for s, p, (audio, _) in zip(streams, plans, decoded)]
@@ -795,7 +799,7 @@ def finish_together(streams: Sequence[SentenceStream], plans: Sequence[dict],
             joins.setdefault((stream.overlap_size, crop.dtype, crop.device), []).append(k)
     for (size, _, _), ks in joins.items():
         with record_function("acoustic.sola"):
-            played = sola_chunks([streams[k].last_audio for k in ks], [crops[k] for k in ks], size)
+            played = sola_chunks([streams[k].last_audio for k in ks], [crops[k] for k in ks], size, lazy=lazy)
         for k, audio in zip(ks, played):
             out[k] = audio
     for stream, crop, (_, latent) in zip(streams, crops, decoded):

@@ -21,8 +21,9 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +34,7 @@ from torch.profiler import record_function
 from engine.acoustic.streaming import ChunkTracker
 from engine.errors import BusyError, EngineError
 from engine.openmp import FIT_INTERVAL_S, fit_threads, release_team
-from engine.runtime import conv_backend, tensors_to_host
+from engine.runtime import conv_backend
 from engine.serving.gate import DeviceGate
 from engine.serving.requests import Piece, Request
 from engine.serving.sampling import stream_key
@@ -89,6 +90,8 @@ class SchedulerConfig:
     acoustic_graphs: bool = True
     # the voicing graphs hold the compiled, channels-last voicing (engine.acoustic.streaming.compiled_voicing)
     acoustic_compile: bool = False
+    # CUDA: a round's kernels are queued before the previous round's audio is delivered (same numbers)
+    acoustic_pipeline: bool = True
 
 
 @dataclass
@@ -118,6 +121,17 @@ class _Sentences:
     held: Any = None  # a featurised sentence waiting for room under ``cap``
     featurised: bool = False  # every sentence was featurised (or one failed)
     error: BaseException | None = None
+
+
+@dataclass(frozen=True)
+class _Launched:
+    """An acoustic round queued on the device: its batched jobs, whose audio ``delivery`` brings to the host
+    (engine.acoustic.delivery.Delivery, None when nothing was batched), and its other jobs (``rest``)."""
+
+    chunks: list
+    wholes: list
+    delivery: Any
+    rest: list
 
 
 @dataclass
@@ -224,6 +238,9 @@ class Scheduler:
         self._threads: list[threading.Thread] = []
         # float32 on the CPU voices chunk by chunk, so a request's audio is exactly what it is alone
         self.batch_acoustic = models.device.type == "cuda"
+        # CUDA: a round's kernels are queued before the previous round's audio is delivered (its copy to the host,
+        # the chunks' peaks, the pieces to their requests), so the device is not idle during that host work
+        self.pipeline_rounds = models.device.type == "cuda" and config.acoustic_pipeline
         # CPU: the decode loop and the acoustic thread release their OpenMP teams before they wait (a lone request's
         # stages keep libgomp's full spin) and fit their thread counts to the free cores (engine.openmp)
         self.cpu_teams = models.device.type == "cpu"
@@ -238,6 +255,7 @@ class Scheduler:
         self.acoustic_seconds = 0.0  # time in acoustic rounds
         self.acoustic_rounds = 0
         self.acoustic_chunks = 0
+        self.acoustic_overlapped = 0  # rounds queued while the previous one's audio was still on its way
         # (submit -> first token chunk due, due -> its audio ready) seconds of recent requests
         self.first_chunk_parts: deque[tuple[float, float]] = deque(maxlen=4096)
 
@@ -812,7 +830,11 @@ class Scheduler:
         stream = torch.cuda.Stream(self.models.device) if self.models.device.type == "cuda" else None
         pending: deque = deque()
         stopping = False  # close() was seen: voice the jobs queued before it, then stop
+        in_flight: _Launched | None = None  # the round whose kernels run while the next one is queued
         while True:
+            if in_flight is not None and not pending and self._acoustic.empty():
+                self._settle(in_flight, stream)  # nothing to queue behind it: deliver it now
+                in_flight = None
             if not pending:
                 if stopping:
                     return
@@ -829,7 +851,13 @@ class Scheduler:
                 before = list(pending)[: next(i for i, job in enumerate(pending) if job is None)]
                 pending = deque(job for job in before if job is not _CAPTURE)
                 if not pending:
+                    if in_flight is not None:
+                        self._settle(in_flight, stream)
                     return
+            if in_flight is not None and (self.acoustic_graphs is not None and self.acoustic_graphs.wanted
+                                          or any(job is _CAPTURE for job in pending)):
+                self._settle(in_flight, stream)  # a capture has the device to itself: nothing of ours in flight
+                in_flight = None
             if any(job is _CAPTURE for job in pending):  # capture_graphs (warm-up): every voicing shape, the
                 pending = deque(job for job in pending if job is not _CAPTURE)  # common encoder shapes, those met
                 self.acoustic_graphs.want_voices()
@@ -845,22 +873,37 @@ class Scheduler:
                 fit_threads()  # the cores other processes leave free (engine.openmp)
             t0 = time.perf_counter()
             try:
-                with self.gate.work(), conv_backend(self.models.device, self.config.conv_backend):
-                    if stream is not None:
-                        with torch.cuda.stream(stream):
-                            self._acoustic_round(taken)
-                        stream.synchronize()
-                    else:
-                        self._acoustic_round(taken)
+                with self._acoustic_section(stream):
+                    launched = self._launch_round(taken)
             except Exception as e:  # the round's requests fail; the worker lives on for the others
-                log.exception("acoustic round failed")
-                self._event("acoustic_failure")
-                for _, request, *_ in taken:
-                    request.finish(e)
-                    request.cancel()
+                self._round_failed(taken, e)
+                launched = None
+            if in_flight is not None:  # the previous round's audio, while this round's kernels run
+                self.acoustic_overlapped += launched is not None
+                self._settle(in_flight, stream)
+                in_flight = None
+            if launched is not None:
+                if self.pipeline_rounds:
+                    in_flight = launched
+                else:
+                    self._settle(launched, stream)
             self.acoustic_seconds += time.perf_counter() - t0
             self.acoustic_rounds += 1
             self.acoustic_chunks += len(taken)
+
+    @contextmanager
+    def _acoustic_section(self, stream) -> Iterator[None]:
+        """Device work of the acoustic thread: a gate work section, its convolution backend, its stream."""
+        with self.gate.work(), conv_backend(self.models.device, self.config.conv_backend), \
+                (torch.cuda.stream(stream) if stream is not None else nullcontext()):
+            yield
+
+    def _round_failed(self, jobs: list, error: BaseException) -> None:
+        log.error("acoustic round failed", exc_info=error)
+        self._event("acoustic_failure")
+        for _, request, *_ in jobs:
+            request.finish(error)
+            request.cancel()
 
     def _capture_acoustic(self, stream, limit: int | None) -> None:
         """Capture acoustic graphs of shapes met eagerly (``limit`` at most), with the device to this thread
@@ -871,42 +914,70 @@ class Scheduler:
         if done:
             self._event("acoustic_graphs_captured", done)
 
-    def _acoustic_round(self, jobs: list) -> None:
-        live = []
+    def _launch_round(self, jobs: list) -> _Launched:
+        """Queue a round's batched decodes on the device (streamed chunks, and whole sentences a SoVITS model voices
+        itself) and their audio's copy to the host, without waiting for the device; the round's other jobs (ends,
+        jobs voiced alone) are left for :meth:`_settle`, which delivers the audio first. A request has one job in
+        a round, so its pieces keep their order."""
+        live, rest = [], []
         for job in jobs:
-            kind, request, _, payload, _ = job
-            if kind == "end":
-                request.finish(payload)
-            elif not (request.cancelled or request.finished):
+            if job[0] == "end":
+                rest.append(job)
+            elif not (job[1].cancelled or job[1].finished):
                 live.append(job)
         chunks = [j for j in live if j[0] == "chunk" and j[3][0] is not None]
         wholes = [j for j in live if j[0] == "whole" and self._voiced_in_batches(j[1])] if self.batch_acoustic else []
         buckets = self.config.acoustic_buckets
-        if self.batch_acoustic and (len(chunks) + len(wholes) > 1 or ((chunks or wholes) and buckets)):
-            from engine.acoustic.streaming import voice_together
+        if not (self.batch_acoustic and (len(chunks) + len(wholes) > 1 or ((chunks or wholes) and buckets))):
+            return _Launched([], [], None, rest + live)
+        from engine.acoustic.delivery import Delivery
+        from engine.acoustic.streaming import voice_together
 
-            batched = chunks + wholes
-            try:
-                with torch.inference_mode():
-                    audios = voice_together([j[4] for j in chunks], [j[3] for j in chunks], buckets=buckets,
-                                            sentences=self._sentence_rows(wholes), graphs=self.acoustic_graphs)
-                    with record_function("acoustic.to_host"):
-                        audios = tensors_to_host(audios, self.models.device)  # one copy, one wait
-            except Exception as e:
-                log.exception("acoustic stage failed")
-                self._event("acoustic_failure")
-                for j in batched:
-                    j[1].finish(e)
-                    j[1].cancel()
-                audios = None
-            if audios is not None:
-                with record_function("acoustic.deliver"):  # peak normalisation, pieces to their requests
-                    for (_, request, sentence, (toks, final), _), audio in zip(chunks, audios):
-                        self._put_chunk(request, sentence, toks, final, audio)
-                    for (_, request, sentence, out, _), audio in zip(wholes, audios[len(chunks):]):
-                        self._put_sentence(request, sentence, out, audio)
-            live = [j for j in live if j not in batched]
-        for kind, request, sentence, payload, voice in live:
+        batched = {id(j) for j in chunks + wholes}
+        rest += [j for j in live if id(j) not in batched]
+        try:
+            with torch.inference_mode():
+                audios = voice_together([j[4] for j in chunks], [j[3] for j in chunks], buckets=buckets,
+                                        sentences=self._sentence_rows(wholes), graphs=self.acoustic_graphs,
+                                        lazy=True)
+                with record_function("acoustic.to_host"):
+                    delivery = Delivery(audios, self.models.device)  # one copy, queued
+        except Exception as e:
+            self._round_failed(chunks + wholes, e)
+            return _Launched([], [], None, rest)
+        return _Launched(chunks, wholes, delivery, rest)
+
+    def _settle(self, launched: _Launched, stream) -> None:
+        """A launched round's audio to its requests (waits for its copy), then the round's other jobs."""
+        try:
+            with self._acoustic_section(stream):
+                self._deliver(launched)
+                self._run_rest(launched.rest)
+        except Exception as e:  # a device failure while waiting: the round's requests fail, the worker lives on
+            self._round_failed(launched.chunks + launched.wholes + launched.rest, e)
+
+    def _deliver(self, launched: _Launched) -> None:
+        if launched.delivery is None:
+            return
+        try:
+            with record_function("acoustic.to_host"):
+                audios = launched.delivery.wait()
+        except Exception as e:
+            self._round_failed(launched.chunks + launched.wholes, e)
+            return
+        with record_function("acoustic.deliver"):  # peak normalisation, pieces to their requests
+            for (_, request, sentence, (toks, final), _), audio in zip(launched.chunks, audios):
+                self._put_chunk(request, sentence, toks, final, audio)
+            for (_, request, sentence, out, _), audio in zip(launched.wholes, audios[len(launched.chunks):]):
+                self._put_sentence(request, sentence, out, audio)
+
+    def _run_rest(self, jobs: list) -> None:
+        for kind, request, sentence, payload, voice in jobs:
+            if kind == "end":
+                request.finish(payload)
+                continue
+            if request.cancelled or request.finished:
+                continue
             try:
                 self._run_acoustic(kind, request, sentence, payload, voice)
             except Exception as e:

@@ -47,3 +47,29 @@ def test_chunks_joined_together_equal_chunks_joined_one_by_one(dtype):
 
 def test_no_pair_is_fine():
     assert sola_chunks([], [], 8) == []
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_lazy_joins_cut_on_the_host_are_the_joins(dtype):
+    """``lazy`` leaves the lags on the device: cut after one copy to the host (Delivery), each join is what
+    the eager join plays, and the float32 in-place write into next has happened already."""
+    from engine.acoustic.delivery import Delivery
+    from engine.acoustic.sola import Lagged
+
+    overlap, search = 64, 80
+    lengths, shifts = [400, 144, 100, 700], [3, 0, 7, 80]
+    heads, nexts = _pairs(2, lengths, overlap, shifts, dtype)
+    eager_nexts, lazy_nexts = [n.clone() for n in nexts], [n.clone() for n in nexts]
+    want = sola_chunks(heads, eager_nexts, overlap, search)
+    lazy = sola_chunks(heads, lazy_nexts, overlap, search, lazy=True)
+    assert [isinstance(x, Lagged) for x in lazy] == [True, True, False, True]  # 100 < overlap + search: eager
+    for a, b in zip(lazy_nexts, eager_nexts):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    extra = torch.arange(5.0)  # a plain tensor beside the joins goes through untouched
+    got = Delivery([*lazy, extra], "cpu").wait()
+    for g, w in zip(got, [*want, extra]):
+        assert g.dtype == w.dtype
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+    for x, w in zip(lazy, want):
+        cut = x.cut() if isinstance(x, Lagged) else x
+        torch.testing.assert_close(cut, w, rtol=0, atol=0)

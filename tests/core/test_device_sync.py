@@ -51,7 +51,14 @@ def fake(monkeypatch) -> FakeAccelerator:
     class Stream:
         synchronize = staticmethod(accel.synchronize)
 
+    class Event:  # CUDA's copies to the host wait on an event recorded behind them (engine.runtime.HostCopy)
+        def record(self, stream=None) -> None:
+            pass
+
+        synchronize = staticmethod(accel.synchronize)
+
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: Stream())
+    monkeypatch.setattr(torch.cuda, "Event", Event)
     return accel
 
 
@@ -77,6 +84,21 @@ def test_many_tensors_reach_the_host_after_one_wait(fake, device) -> None:
         assert torch.equal(a, b)
     on_cpu = tensors_to_host(pieces, "cpu")  # the CPU: as they are, no wait
     assert all(a is b for a, b in zip(on_cpu, pieces)) and fake.events == ["wait"]
+
+
+@pytest.mark.parametrize("device", ["mps", "cuda:0"])
+def test_a_host_copy_is_queued_without_waiting(fake, device) -> None:
+    """What lets an acoustic round be queued behind the previous one: starting the copy waits for nothing; the
+    one wait comes with the read."""
+    from engine.runtime import HostCopy
+
+    pieces = [torch.arange(5.0), torch.arange(3, dtype=torch.long)]
+    copy = HostCopy(pieces, device)
+    assert fake.events == []
+    got = copy.wait()
+    assert fake.events == ["wait"]
+    assert all(torch.equal(a, b) for a, b in zip(got, pieces))
+    assert copy.wait() is got and fake.events == ["wait"]  # read once
 
 
 def test_the_fake_shows_a_missing_wait() -> None:

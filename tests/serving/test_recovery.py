@@ -281,7 +281,7 @@ def test_an_acoustic_round_that_fails_fails_its_requests_and_the_worker_lives_on
     studio = _studio(scheduler_slots=2)
     try:
         sched = studio.scheduler(studio.cloner().models)
-        real, calls = sched._acoustic_round, [0]
+        real, calls = sched._launch_round, [0]
 
         def failing_once(jobs):
             calls[0] += 1
@@ -289,7 +289,7 @@ def test_an_acoustic_round_that_fails_fails_its_requests_and_the_worker_lives_on
                 raise RuntimeError("CUDA error: an acoustic kernel failed (injected)")
             return real(jobs)
 
-        sched._acoustic_round = failing_once  # type: ignore[method-assign]
+        sched._launch_round = failing_once  # type: ignore[method-assign]
         with pytest.raises(RuntimeError, match="injected"):
             list(studio.synthesize(TEXT, "en", _reference(), _options(seed=1)))
         assert join(studio.synthesize(TEXT, "en", _reference(), _options(seed=2)))[1].size > 0

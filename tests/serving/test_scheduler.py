@@ -80,10 +80,12 @@ def test_a_request_is_the_same_alone_and_beside_others(stream) -> None:
         studio.close()
 
 
-def test_streams_voiced_in_bucketed_batches_get_their_audio_alone(monkeypatch) -> None:
+@pytest.mark.parametrize("pipelined", [False, True])
+def test_streams_voiced_in_bucketed_batches_get_their_audio_alone(monkeypatch, pipelined) -> None:
     """What the scheduler does on CUDA (the chunks of every stream voiced in one padded batch of bucketed
     shapes, a lone chunk too), forced on the CPU: each stream's audio is what it gets alone (chunk by chunk),
-    up to float32 rounding."""
+    up to float32 rounding. ``pipelined``: a round is queued before the previous round's audio is delivered
+    (the SOLA lags cut on the host), as on CUDA: the pieces keep their order and numbers."""
     import engine.acoustic.streaming as streaming
 
     batches: list[tuple[int, bool]] = []
@@ -98,8 +100,10 @@ def test_streams_voiced_in_bucketed_batches_get_their_audio_alone(monkeypatch) -
         alone = [_run(studio, t, 7 + i, True, top_k=20) for i, t in enumerate(TEXTS)]
         assert not batches  # the CPU voices chunk by chunk
         monkeypatch.setattr(streaming, "decode_streaming_batch", spy)
-        studio.scheduler(studio.cloner().models).batch_acoustic = True
+        sched = studio.scheduler(studio.cloner().models)
+        sched.batch_acoustic, sched.pipeline_rounds = True, pipelined
         together = _concurrently(lambda i: _run(studio, TEXTS[i], 7 + i, True, top_k=20), len(TEXTS))
+        assert (sched.acoustic_overlapped > 0) == pipelined  # rounds were queued behind unfinished ones
         assert batches and all(bucketed for _, bucketed in batches)
         assert max(n for n, _ in batches) > 1  # streams shared a decode
         for (tokens_a, audio_a, _), (tokens_b, audio_b, _) in zip(alone, together):
@@ -121,7 +125,7 @@ def test_streams_voiced_through_acoustic_graphs_get_their_audio_alone() -> None:
     try:
         alone = [_run(studio, t, 7 + i, True, top_k=20) for i, t in enumerate(TEXTS)]
         sched = studio.scheduler(studio.cloner().models)
-        sched.batch_acoustic = True
+        sched.batch_acoustic = sched.pipeline_rounds = True
         graphs = sched.acoustic_graphs = AcousticGraphs(sched.models.sovits, capture=fake_capture, devices=("cpu",))
         gate_before = sched.gate.captures
         for _ in range(2):  # the second time, shapes met the first time replay
