@@ -7,7 +7,7 @@
 #   bash benchmarks/issue31_gpu.sh compile   # the round with and without the compiled voicing, a shorter product path
 #   bash benchmarks/issue31_gpu.sh compiled_round                 # next: the compiled round given its capture time
 #   bash benchmarks/issue31_gpu.sh product_compiled|product_plain  # next: the product path A/B (two calls)
-#   bash benchmarks/issue31_gpu.sh pipeline   # acoustic_pipeline off/on: the round split, the product at 64 and 256
+#   bash benchmarks/issue31_gpu.sh pipeline   # acoustic_pipeline on (1, 64, 256 clients) and off (64, 256)
 # At most 8 files come back from a call: each mode writes fewer.
 # Run from the repository root on the device machine, after the wheels and dictionary are in place
 # (docs/benchmarks.md, "Device command"): the acoustic round's split (graphs and eager), bounded-context
@@ -52,19 +52,17 @@ if [ "${1:-parts}" = product_compiled ] || [ "${1:-parts}" = product_plain ]; th
     --duration 15 --budget 560 --serve-arg=$flag --out "$OUT/product"
   exit 0
 fi
-if [ "${1:-parts}" = pipeline ]; then  # acoustic_pipeline on/off: the round alone, then the product path, one call
-  step round_split 80 python3 benchmarks/acoustic_round_split.py --device cuda --precision fp16 --rows 64 --graphs \
-    --rounds 30 --pipeline off,on
+if [ "${1:-parts}" = pipeline ]; then  # acoustic_pipeline on/off: the product path with the engine's own figures
   for mode in on off; do
-    flag=--acoustic-pipeline; [ "$mode" = off ] && flag=--no-acoustic-pipeline
-    timeout 245 python3 benchmarks/product_load.py --ref-dir .gpu/refset --gsv off --levels 64,256 --duration 8 \
-      --timeout 45 --budget 235 --serve-arg=$flag --out "/tmp/product_$mode" >"/tmp/product_$mode.txt" 2>&1
+    flag=--acoustic-pipeline; levels=1,64,256; [ "$mode" = off ] && flag=--no-acoustic-pipeline && levels=64,256
+    timeout 270 python3 benchmarks/product_load.py --ref-dir .gpu/refset --gsv off --levels $levels --duration 8 \
+      --timeout 45 --budget 260 --serve-arg=$flag --out "/tmp/product_$mode" >"/tmp/product_$mode.txt" 2>&1
     echo "product_$mode: exit $?" | tee -a "$OUT/steps.log"
     cp "/tmp/product_$mode/product_load.json" "$OUT/product_$mode.json"
     cp "/tmp/product_$mode/product_load.md" "$OUT/product_$mode.md"
-    { echo "-- product_$mode.txt (tail)"; tail -n 15 "/tmp/product_$mode.txt"
+    { echo "-- product_$mode.txt (tail)"; tail -n 12 "/tmp/product_$mode.txt"
       echo "-- server.log: $(grep -c Traceback "/tmp/product_$mode/server.log") tracebacks (tail)"
-      tail -n 15 "/tmp/product_$mode/server.log"; } >>"$OUT/steps.log" 2>&1
+      grep -v '" 200 OK' "/tmp/product_$mode/server.log" | tail -n 25; } >>"$OUT/steps.log" 2>&1
   done
   exit 0
 fi

@@ -399,6 +399,7 @@ def markdown(report: dict[str, Any]) -> str:
         lines += render_table(MIX_COLUMNS, mix_rows(report["levels"]), markdown=True)
         lines += ["", mean_audio(report["levels"])]
         lines += ["", machine_load(report["levels"], m.get("cpus"))]
+        lines += engine_table(report["levels"])
         lines += ["", "Per mode and language:", ""]
         lines += render_table(BREAKDOWN_COLUMNS, breakdown_rows(report["levels"]), markdown=True)
         after = report.get("after")
@@ -439,6 +440,26 @@ def machine_load(levels: list[dict[str, Any]], cpus: Any) -> str:
         parts.append(f"{lv['clients']}: load {load[0]} -> {load[1]}, server {lv.get('server_cpu_s', '?')} CPU s"
                      + (f" ({per:.2f} per audio s)" if per is not None else ""))
     return f"Machine load average ({cpus} CPUs) and server CPU per level: " + "; ".join(parts) + "."
+
+
+def engine_table(levels: list[dict[str, Any]]) -> list[str]:
+    """Per level, what the server's engine did (its /metrics counters between the level's first and last scrape):
+    the decode loop's steps, rows, milliseconds and share of the time; the acoustic rounds'; the first chunks'
+    wait for their tokens, then for their audio."""
+    rows = [(lv["clients"], e) for lv in levels
+            if isinstance(lv.get("server_memory"), dict) and (e := lv["server_memory"].get("engine"))]
+    if not rows:
+        return []
+    out = ["", "Engine per level (server /metrics):", "",
+           "| clients | decode steps/s | rows/step | ms/step | decode busy | prefill busy | acoustic rounds/s | "
+           "chunks/round | ms/round | acoustic busy | rounds overlapped | first chunk: tokens / audio (s) |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for clients, e in rows:
+        out.append(f"| {clients} | {e['decode_steps_per_s']} | {e['rows_per_step']} | {e['ms_per_step']} | "
+                   f"{e['decode_busy']} | {e['prefill_busy']} | {e['acoustic_rounds_per_s']} | "
+                   f"{e['chunks_per_round']} | {e['ms_per_round']} | {e['acoustic_busy']} | "
+                   f"{e['rounds_overlapped']} | {e['first_chunk_tokens_s']} / {e['first_chunk_audio_s']} |")
+    return out
 
 
 def mean_audio(levels: list[dict[str, Any]]) -> str:

@@ -242,6 +242,17 @@ class Studio:
         with self._lock:
             return dict(self._events)
 
+    def serving_work(self) -> dict[str, float]:
+        """The live schedulers' :meth:`engine.serving.Scheduler.work`, summed (a closed scheduler's counts go
+        with it)."""
+        with self._lock:
+            schedulers = [*self._schedulers.values(), *self._retired]
+        total: dict[str, float] = {}
+        for sched in schedulers:
+            for name, value in sched.work().items():
+                total[name] = total.get(name, 0) + value
+        return total
+
     @property
     def serving_state(self) -> str:
         """"ok"; "degraded" while a scheduler rebuilds its decoding state after a failed step; "failed" when

@@ -256,8 +256,9 @@ class Scheduler:
         self.acoustic_rounds = 0
         self.acoustic_chunks = 0
         self.acoustic_overlapped = 0  # rounds queued while the previous one's audio was still on its way
-        # (submit -> first token chunk due, due -> its audio ready) seconds of recent requests
+        # (submit -> first token chunk due, due -> its audio ready) seconds of recent requests, and their sums
         self.first_chunk_parts: deque[tuple[float, float]] = deque(maxlen=4096)
+        self._first_chunk_sums = [0, 0.0, 0.0]  # requests, seconds to the first chunk due, due to its audio
 
     def _allocate(self) -> SlotDecoder:
         """The first slot pool; PoolAllocationError (503, retry) when the device cannot hold it now."""
@@ -503,6 +504,19 @@ class Scheduler:
     def _first_voiced(self, request: Request) -> None:
         due = request.first_due if request.first_due is not None else request.first_voiced
         self.first_chunk_parts.append((due - request.started, request.first_voiced - due))
+        sums = self._first_chunk_sums
+        sums[0], sums[1], sums[2] = sums[0] + 1, sums[1] + due - request.started, sums[2] + request.first_voiced - due
+
+    def work(self) -> dict[str, float]:
+        """What this scheduler has done (monotonic counts and busy seconds): for metrics and benchmarks, where
+        the deltas over a time say how the stages share it (decode steps and rows per step, acoustic rounds and
+        chunks per round, a first chunk's wait for its tokens and then for its audio)."""
+        first = self._first_chunk_sums
+        return {"decode_steps": self.steps, "tokens": self.tokens, "prefills": self.prefills,
+                "decode_seconds": self.t2s_seconds, "prefill_seconds": self.prefill_seconds,
+                "acoustic_rounds": self.acoustic_rounds, "acoustic_chunks": self.acoustic_chunks,
+                "acoustic_overlapped": self.acoustic_overlapped, "acoustic_seconds": self.acoustic_seconds,
+                "first_chunks": first[0], "first_chunk_tokens_seconds": first[1], "first_chunk_audio_seconds": first[2]}
 
     def _on_cancel(self, request: Request) -> None:
         with self._cv:

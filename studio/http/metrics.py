@@ -329,6 +329,23 @@ def register_engine_metrics(registry: Registry, studio) -> None:
     registry.callback("sovits_acoustic_graph_captures_total", "CUDA graphs of batched acoustic shapes captured, at "
                       "warm-up or while serving (then under a barrier, a few before a round).",
                       captures("acoustic_graphs_captured"), ("phase",), kind="counter")
+    def work(names: tuple[str, ...], label: str) -> Callable[[], list[Sample]]:
+        def samples() -> list[Sample]:
+            done = studio.serving_work() if hasattr(studio, "serving_work") else {}
+            return [({label: name.removesuffix("_seconds")}, float(done[name])) for name in names if name in done]
+
+        return samples
+
+    registry.callback("sovits_engine_work_total", "What the serving schedulers did: decode steps, tokens decoded "
+                      "(rows x steps), prefills, acoustic rounds, chunks voiced in them, rounds queued behind an "
+                      "unfinished one, first chunks delivered.",
+                      work(("decode_steps", "tokens", "prefills", "acoustic_rounds", "acoustic_chunks",
+                            "acoustic_overlapped", "first_chunks"), "kind"), ("kind",), kind="counter")
+    registry.callback("sovits_engine_busy_seconds_total", "Seconds the serving schedulers' threads spent in decode "
+                      "steps, prefills and acoustic rounds; first_chunk_tokens / first_chunk_audio: the first chunks' "
+                      "waits summed (request to its first token chunk, then to that chunk's audio).",
+                      work(("decode_seconds", "prefill_seconds", "acoustic_seconds", "first_chunk_tokens_seconds",
+                            "first_chunk_audio_seconds"), "stage"), ("stage",), kind="counter")
     registry.callback("sovits_cpu_fallback_total", "Stage runs moved to the CPU because the accelerator lacks "
                       "one of their operators.", fallbacks, ("stage",), kind="counter")
     registry.callback("sovits_memory_degrade_total", "Memory watermark decisions: degrade steps run, requests "

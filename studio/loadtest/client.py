@@ -7,6 +7,7 @@ import asyncio
 import io
 import json
 import ssl
+import sys
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -52,14 +53,25 @@ class IncompleteResponse(Exception):
     """The connection closed before the response said it was complete."""
 
 
+def client_source(target: Target, serial: int) -> str | None:
+    """The address simulated client ``serial`` connects from: on Linux, to a server on 127.0.0.1, a loopback
+    address of its own (Linux routes all of 127.0.0.0/8 to itself), so that a server's per-address bounds
+    (max_uploads_per_client, max_connections_per_client) see many users, as they would from many machines;
+    elsewhere None (the system's choice: macOS only has 127.0.0.1)."""
+    if target.host != "127.0.0.1" or not sys.platform.startswith("linux"):
+        return None
+    n = serial % (254 * 256)
+    return f"127.0.{1 + n // 254}.{1 + n % 254}"
+
+
 async def exchange(target: Target, request: Request, on_status: Callable[[int], None],
-                   on_body: Callable[[bytes], None]) -> int:
-    """Send ``request``; call ``on_status`` with the status code once the headers are in, then
-    ``on_body`` with each piece of the body as it arrives (chunked, Content-Length or
-    close-delimited); returns the status code."""
+                   on_body: Callable[[bytes], None], source: str | None = None) -> int:
+    """Send ``request`` (from address ``source``, else the system's choice); call ``on_status`` with the status
+    code once the headers are in, then ``on_body`` with each piece of the body as it arrives (chunked,
+    Content-Length or close-delimited); returns the status code."""
     reader, writer = await asyncio.open_connection(target.host, target.port,
                                                    ssl=ssl.create_default_context() if target.tls else None,
-                                                   limit=_READ)
+                                                   limit=_READ, local_addr=(source, 0) if source else None)
     try:
         writer.write(request.encode(target))
         await writer.drain()

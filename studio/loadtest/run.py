@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from engine.stream_stats import StreamSample, percentile, summarize
-from studio.loadtest.client import IncompleteResponse, Request, Target, exchange, multipart, simple
+from studio.loadtest.client import IncompleteResponse, Request, Target, client_source, exchange, multipart, simple
 from studio.loadtest.config import ENDPOINTS, VOICE_PREFIX, LoadConfig, LoadTestError
 from studio.loadtest.mix import MODE_NAMES, MixWorkload
 from studio.loadtest.report import format_level
@@ -42,8 +42,9 @@ class StreamRecord:
 
 
 async def timed_stream(target: Target, request: Request, due: float, timeout_s: float,
-                       tag: str | None = None) -> StreamRecord:
-    """Run one request, due at ``due`` (a perf_counter time), metering its WAV body."""
+                       tag: str | None = None, source: str | None = None) -> StreamRecord:
+    """Run one request, due at ``due`` (a perf_counter time), metering its WAV body; from address ``source``
+    (:func:`studio.loadtest.client.client_source`)."""
     meter = WavMeter()
     status: list[int] = []
     refusal = bytearray()  # the body of a non-200 answer (its message), first 2000 bytes
@@ -58,7 +59,7 @@ async def timed_stream(target: Target, request: Request, due: float, timeout_s: 
     message = ""
     try:
         remaining = max(timeout_s - (time.perf_counter() - due), 0.001)
-        await asyncio.wait_for(exchange(target, request, status.append, on_body), remaining)
+        await asyncio.wait_for(exchange(target, request, status.append, on_body, source), remaining)
         if status[0] != 200:
             error, message = str(status[0]), _message(bytes(refusal))
         elif meter.error:
@@ -201,7 +202,8 @@ async def _closed_loop(cfg: LoadConfig, target: Target, work: Workload, clients:
         while time.perf_counter() < deadline and sent < budget:
             sent += 1
             request, tag = work.next(serial)
-            record = await timed_stream(target, request, time.perf_counter(), cfg.timeout_s, tag)
+            record = await timed_stream(target, request, time.perf_counter(), cfg.timeout_s, tag,
+                                        client_source(target, serial))
             records.append(record)
             if record.error in _PAUSE_AFTER_S:
                 await asyncio.sleep(_PAUSE_AFTER_S[record.error])
@@ -218,8 +220,9 @@ async def _fixed_rate(cfg: LoadConfig, target: Target, work: Workload, clients: 
 
     async def arrival(k: int, due: float) -> None:
         async with slots:
-            request, tag = work.next(first_serial + k % clients)
-            records.append(await timed_stream(target, request, due, cfg.timeout_s, tag))
+            serial = first_serial + k % clients
+            request, tag = work.next(serial)
+            records.append(await timed_stream(target, request, due, cfg.timeout_s, tag, client_source(target, serial)))
 
     tasks = []
     while len(tasks) < budget and (due := start + len(tasks) / rate) < deadline:

@@ -1,9 +1,12 @@
-"""The server's memory, read from its Prometheus ``/metrics`` (only when it exports process memory)."""
+"""The server's memory, read from its Prometheus ``/metrics`` (only when it exports process memory), and what
+its engine did meanwhile (``sovits_engine_*``, when exported): how the decode loop and the acoustic stage shared
+the level's time."""
 
 from __future__ import annotations
 
 import asyncio
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,6 +17,39 @@ _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 # /metrics series that carry the server process's resident memory: ours, then the Prometheus client's
 RSS_SERIES = (("sovits_host_memory_bytes", {"kind": "rss"}), ("process_resident_memory_bytes", {}))
 DEVICE_SERIES = ("sovits_device_memory_bytes", {"kind": "allocated"})
+WORK_SERIES = (("sovits_engine_work_total", "kind"), ("sovits_engine_busy_seconds_total", "stage"))
+
+
+def engine_work(metrics: dict[str, list[tuple[dict[str, str], float]]]) -> dict[str, float]:
+    """The engine's counters of one scrape: {kind or stage: value} (empty when the server exports none)."""
+    return {labels[label]: value for name, label in WORK_SERIES for labels, value in metrics.get(name, [])
+            if label in labels}
+
+
+def work_figures(first: tuple[float, dict[str, float]], last: tuple[float, dict[str, float]]) -> dict[str, Any]:
+    """What the engine did between two scrapes ((time, engine_work)), per second and per step, round and first
+    chunk: the decode loop's steps, rows and time share, the acoustic rounds' chunks and time share."""
+    seconds = last[0] - first[0]
+    d = {k: last[1][k] - first[1].get(k, 0.0) for k in last[1]}
+    if seconds <= 0 or not d:
+        return {}
+
+    def per(a: str, b: str, scale: float = 1.0) -> float | None:
+        return round(scale * d[a] / d[b], 3) if d.get(b) and a in d else None
+
+    return {"seconds": round(seconds, 2),
+            "decode_steps_per_s": round(d.get("decode_steps", 0) / seconds, 1),
+            "rows_per_step": per("tokens", "decode_steps"), "ms_per_step": per("decode", "decode_steps", 1e3),
+            "decode_busy": round(d.get("decode", 0) / seconds, 3),
+            "prefill_busy": round(d.get("prefill", 0) / seconds, 3),
+            "acoustic_rounds_per_s": round(d.get("acoustic_rounds", 0) / seconds, 1),
+            "chunks_per_round": per("acoustic_chunks", "acoustic_rounds"),
+            "ms_per_round": per("acoustic", "acoustic_rounds", 1e3),
+            "acoustic_busy": round(d.get("acoustic", 0) / seconds, 3),
+            "rounds_overlapped": per("acoustic_overlapped", "acoustic_rounds"),
+            "first_chunks": int(d.get("first_chunks", 0)),
+            "first_chunk_tokens_s": per("first_chunk_tokens", "first_chunks"),
+            "first_chunk_audio_s": per("first_chunk_audio", "first_chunks")}
 
 
 def parse_metrics(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
@@ -48,6 +84,7 @@ class MemoryProbe:
     note: str = ""
     rss: list[float] = field(default_factory=list)
     device: list[float] = field(default_factory=list)
+    work: list[tuple[float, dict[str, float]]] = field(default_factory=list)  # the level's first and last scrape
 
     async def probe(self) -> None:
         """The first scrape (connection errors propagate: the server is not there)."""
@@ -65,6 +102,10 @@ class MemoryProbe:
         if rss is None:
             return False
         self.rss.append(rss)
+        work = engine_work(metrics)
+        if work:
+            snap = (time.perf_counter(), work)
+            self.work = [self.work[0], snap] if self.work else [snap]
         device = _series_sum(metrics, *DEVICE_SERIES)
         if device is not None:
             self.device.append(device)
@@ -85,7 +126,7 @@ class MemoryProbe:
             await asyncio.sleep(interval_s)
 
     def reset(self) -> None:
-        self.rss, self.device = [], []
+        self.rss, self.device, self.work = [], [], []
 
     def report(self) -> dict[str, Any] | str:
         if not self.available or not self.rss:
@@ -97,4 +138,6 @@ class MemoryProbe:
             out["device_allocated_mb"] = {"start": round(self.device[0] / mb, 1),
                                           "peak": round(max(self.device) / mb, 1),
                                           "end": round(self.device[-1] / mb, 1)}
+        if len(self.work) == 2:
+            out["engine"] = work_figures(*self.work)
         return out

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import sys
 import threading
 import time
 import wave
@@ -51,6 +52,7 @@ def fake_server(handle):
         body = await reader.readexactly(length) if length else b""
         path = request_line.split()[1].decode()
         hits[path] += 1
+        hits[f"from {writer.get_extra_info('peername')[0]}"] += 1
         try:
             await handle(path, body, writer)
             await writer.drain()
@@ -173,6 +175,18 @@ def test_refusals_and_timeouts_are_counted_by_kind_with_their_message() -> None:
     assert "busy" in level["error_messages"]["503"]
     level = stalled["levels"][0]
     assert level["errors"] == {"timeout": 1} and level["streams"][0]["wall_s"] >= 0.5
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux routes all of 127.0.0.0/8 to itself")
+def test_each_client_connects_from_a_loopback_address_of_its_own() -> None:
+    """A server's per-address bounds (max_uploads_per_client) must see many users in a load test, as from many
+    machines: each simulated client has its own source address, the same one for each of its requests."""
+    with fake_server(streaming_tts(delay=0.0, pieces=1, piece_bytes=320, rss=1 << 20)) as (url, hits):
+        report = run_load(LoadConfig(url=url, clients=(5,), requests=10, duration_s=None, warmup=0))
+    assert report["levels"][0]["completed"] == 10
+    sources = {k.removeprefix("from "): n for k, n in hits.items() if k.startswith("from ") and n}
+    tts_sources = {a for a in sources if a != "127.0.0.1"}  # the /metrics probe keeps the system's address
+    assert len(tts_sources) == 5 and all(a.startswith("127.") for a in tts_sources)
 
 
 def test_fixed_arrival_rate_sends_on_schedule_and_counts_the_wait_for_a_slot() -> None:

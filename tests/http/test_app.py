@@ -362,4 +362,10 @@ def test_metrics_report_latency_queue_caches_and_memory(server) -> None:
     assert samples["sovits_queue_length"] == 0 and samples["sovits_requests_in_progress"] == 0
     assert samples['sovits_host_memory_bytes{kind="rss"}'] > 0
     assert samples["sovits_audio_seconds_total"] > 0
+    # the engine's own work: the request's decode steps, its first chunk and the time they took
+    assert samples['sovits_engine_work_total{kind="decode_steps"}'] >= 1
+    assert samples['sovits_engine_work_total{kind="tokens"}'] >= samples['sovits_engine_work_total{kind="decode_steps"}']
+    assert samples['sovits_engine_work_total{kind="first_chunks"}'] >= 1
+    assert samples['sovits_engine_busy_seconds_total{stage="decode"}'] > 0
+    assert samples['sovits_engine_busy_seconds_total{stage="first_chunk_tokens"}'] > 0
     assert json.loads(httpx.get(f"{server}/health").text)["status"] == "ready"
