@@ -146,7 +146,6 @@ def one_round(streams: Streams, graphs, device) -> float:
 
 def split(rows: int, args, sovits, device) -> list[dict]:
     import torch
-    from torch.profiler import ProfilerActivity, profile
 
     from engine.acoustic.streaming import AcousticGraphs
 

@@ -12,6 +12,7 @@ import pytest
 
 import engine.cloner
 import engine.openmp
+import engine.serving.acoustic_rounds
 import engine.serving.scheduler
 import engine.studio
 import tests.support.synth as sup
@@ -37,11 +38,13 @@ def _calls(monkeypatch, name: str, modules) -> list[str]:
 
 
 def _release_calls(monkeypatch) -> list[str]:
-    return _calls(monkeypatch, "release_team", (engine.openmp, engine.serving.scheduler, engine.studio))
+    return _calls(monkeypatch, "release_team", (engine.openmp, engine.serving.scheduler, engine.serving.acoustic_rounds,
+                                                engine.studio))
 
 
 def _fit_calls(monkeypatch) -> list[str]:
-    return _calls(monkeypatch, "fit_threads", (engine.openmp, engine.serving.scheduler, engine.cloner))
+    return _calls(monkeypatch, "fit_threads", (engine.openmp, engine.serving.scheduler, engine.serving.acoustic_rounds,
+                                               engine.cloner))
 
 
 def _synthesize(scheduler: bool, stream: bool, calls: list[str]) -> None:
