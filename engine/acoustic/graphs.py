@@ -5,7 +5,8 @@ shape; the noted shapes are captured later, when the owner holds the device to i
 Why: a streamed chunk's SoVITS decode is about 1,800 small kernels, each launched from Python; at serving's
 batch sizes their launch cost, not their device time, is what a chunk costs. A graph launches them at once.
 
-Responsibilities: the graphs, their static buffers and their one memory pool; a bound on how many. Not: when it
+Responsibilities: the graphs, their static buffers and their one memory pool; bounds on how many and on the
+memory their captures took. Not: when it
 is safe to capture (the caller, e.g. ``engine.serving.gate``), nor which shapes are worth one (the caller's
 buckets). Calls and captures must come from one thread at a time, and the outputs of a replay are valid only
 until the next call (copy what must outlive it).
@@ -28,6 +29,12 @@ def _key(inputs: tuple[torch.Tensor, ...], static: tuple) -> Key:
 
 
 Graph = tuple[Callable[[], None], tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]  # replay, inputs, outputs
+
+
+def device_reserved(device: torch.device) -> int:
+    """Bytes the caching allocator holds on ``device`` (CUDA; 0 elsewhere): a capture's growth of it is what the
+    graph's pool (and its warm-up call) took."""
+    return torch.cuda.memory_reserved(device) if device.type == "cuda" else 0
 
 
 def capture_cuda(fn: Callable[..., tuple[torch.Tensor, ...]], example: tuple[torch.Tensor, ...], static: tuple,
@@ -62,7 +69,9 @@ def capture_cuda(fn: Callable[..., tuple[torch.Tensor, ...]], example: tuple[tor
 
 
 class GraphBank:
-    """Graphs of ``fn(*tensors, *static)`` keyed by the tensors' shapes and ``static``; at most ``limit`` of them.
+    """Graphs of ``fn(*tensors, *static)`` keyed by the tensors' shapes and ``static``; at most ``limit`` of them,
+    and no capture once those already made took ``max_bytes`` of device memory (measured by ``reserved``: what the
+    allocator holds before and after each capture); shapes beyond either bound run eagerly.
 
     ``fn`` must read only its tensor arguments (and fixed weights) and return a tuple of tensors; its work must
     be capturable (no host synchronisation, no new shapes from data). ``capture``: how a graph is made
@@ -73,8 +82,11 @@ class GraphBank:
 
     def __init__(self, fn: Callable[..., tuple[torch.Tensor, ...]], limit: int = 64,
                  capture: Callable[..., Graph] = capture_cuda, devices: tuple[str, ...] = ("cuda",),
-                 captured: Callable[..., tuple[torch.Tensor, ...]] | None = None) -> None:
+                 captured: Callable[..., tuple[torch.Tensor, ...]] | None = None, max_bytes: int | None = None,
+                 reserved: Callable[[torch.device], int] = device_reserved) -> None:
         self.fn, self.limit, self._make, self._devices = fn, limit, capture, devices
+        self.max_bytes, self._reserved = max_bytes, reserved
+        self.bytes = 0  # device memory the captures took (pool growth, warm-up calls included)
         self._captured = fn if captured is None else captured
         self._graphs: dict[Key, Graph] = {}
         self._wanted: dict[Key, tuple[tuple[torch.Tensor, ...], tuple]] = {}  # shapes met eagerly: an example each
@@ -89,6 +101,11 @@ class GraphBank:
         return len(self._graphs)
 
     @property
+    def full(self) -> bool:
+        """Whether the captures took their memory bound: no shape is wanted or captured any more."""
+        return self.max_bytes is not None and self.bytes >= self.max_bytes
+
+    @property
     def wanted(self) -> int:
         """Shapes met without a graph, waiting for :meth:`capture_wanted`."""
         return len(self._wanted)
@@ -97,7 +114,7 @@ class GraphBank:
         """Note a shape to capture (``example``: inputs of that shape the function runs on without error), as if
         a call had met it; within the limit."""
         key = _key(example, static)
-        if (key not in self._graphs and key not in self._wanted and key not in self._failed
+        if (key not in self._graphs and key not in self._wanted and key not in self._failed and not self.full
                 and len(self._graphs) + len(self._wanted) < self.limit):
             self._wanted[key] = (example, static)
 
@@ -107,7 +124,7 @@ class GraphBank:
         entry = self._graphs.get(key)
         if entry is None:
             if (key not in self._wanted and key not in self._failed and inputs[0].device.type in self._devices
-                    and len(self._graphs) + len(self._wanted) < self.limit):
+                    and not self.full and len(self._graphs) + len(self._wanted) < self.limit):
                 self._wanted[key] = (tuple(t.clone() for t in inputs), static)
             self.eager += 1
             return self.fn(*inputs, *static)
@@ -126,14 +143,23 @@ class GraphBank:
         done = 0
         for key in list(self._wanted)[:limit]:
             example, static = self._wanted.pop(key)
+            if self.full:
+                log.warning("the acoustic graphs hold %.0f MiB (their bound: %.0f MiB): %d more shapes run eagerly",
+                            self.bytes / 2**20, self.max_bytes / 2**20, len(self._wanted) + 1)
+                self._failed.update([key, *self._wanted])  # never wanted again
+                self._wanted.clear()
+                break
             if self._pool is None and self._make is capture_cuda:
                 self._pool = torch.cuda.graph_pool_handle()
+            before = self._reserved(example[0].device)
             try:
                 self._graphs[key] = self._make(self._captured, example, static, self._pool)
             except Exception:  # that shape stays eager; the others are unaffected
                 log.exception("capturing an acoustic graph failed; that shape runs eagerly")
                 self._failed.add(key)
                 continue
+            finally:
+                self.bytes += max(0, self._reserved(example[0].device) - before)
             self.captures += 1
             done += 1
         return done

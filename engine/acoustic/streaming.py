@@ -411,17 +411,33 @@ class AcousticGraphs:
     VOICE_WIDTH = 256  # output frames of the voicing graphs captured up front (a chunk is ~50); wider ones (whole
     # sentences at low load) are captured when met
 
-    def __init__(self, sovits, limit: int = 160, compile: bool = False, **bank) -> None:
+    MEMORY_FRACTION = 0.25  # of the device's memory, the most the captures of both banks may take together (at
+    # 256 streams on an H100, unbounded captures held 47 GB and later ones failed out of memory): a quarter for
+    # the encoders, the rest for the voicing
+
+    def __init__(self, sovits, limit: int = 160, compile: bool = False, max_bytes: int | None = None,
+                 **bank) -> None:
         """``compile``: the voicing graphs hold :func:`compiled_voicing` (channels-last convolutions and
         Inductor's fused kernels: 2.1x on an H100); it converts ``sovits``'s voicing convolutions to NWC in
-        place (the same numbers, so the model's other users are unaffected)."""
+        place (the same numbers, so the model's other users are unaffected). ``max_bytes``: the device memory
+        the captures may take (None: :attr:`MEMORY_FRACTION` of a CUDA device's; unbounded elsewhere)."""
         from engine.acoustic.graphs import GraphBank
 
         self.sovits = sovits
         self.compiled = compile
-        self.encoders = GraphBank(functools.partial(encode_prefixes, sovits), limit, **bank)
+        device = next(sovits.parameters()).device
+        if max_bytes is None and device.type == "cuda":
+            max_bytes = int(torch.cuda.get_device_properties(device).total_memory * self.MEMORY_FRACTION)
+        share = (lambda part: None) if max_bytes is None else (lambda part: int(max_bytes * part))
+        self.encoders = GraphBank(functools.partial(encode_prefixes, sovits), limit, max_bytes=share(0.25), **bank)
         voice = functools.partial(voice_latents, sovits)
-        self.voices = GraphBank(voice, limit, captured=compiled_voicing(sovits) if compile else None, **bank)
+        self.voices = GraphBank(voice, limit, captured=compiled_voicing(sovits) if compile else None,
+                                max_bytes=share(0.75), **bank)
+
+    @property
+    def bytes(self) -> int:
+        """Device memory the captures took (both banks)."""
+        return self.encoders.bytes + self.voices.bytes
 
     @property
     def wanted(self) -> int:

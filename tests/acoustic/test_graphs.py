@@ -133,3 +133,29 @@ def test_every_voicing_shape_and_the_common_encoder_shapes_can_be_captured_befor
     decode_streaming_batch(sovits, rows, buckets=True, graphs=graphs)
     assert graphs.voices.eager == 0 and graphs.voices.replays >= 1
     assert graphs.encoders.eager == 0 and graphs.encoders.replays == 1  # 3 rows, 62 frames, 7 phones: (4, 64, 128)
+
+
+def test_captures_stop_at_the_memory_bound_and_later_shapes_stay_eager():
+    """A bank measures what each capture took of the device's memory; once its captures hold ``max_bytes``, the
+    shapes still wanted (and any met later) run eagerly, with the same numbers, and are never wanted again."""
+    held = [0]
+
+    def capture(fn, example, static, pool):
+        held[0] += 300  # each graph takes 300 bytes of the "device"
+        return fake_capture(fn, example, static, pool)
+
+    def fn(a, scale):
+        return (a * scale,)
+
+    bank = GraphBank(fn, limit=10, capture=capture, devices=("cpu",), max_bytes=500, reserved=lambda _: held[0])
+    shapes = [torch.ones(n) for n in (1, 2, 3, 4)]
+    for x in shapes:
+        bank(x, static=(2.0,))
+    assert bank.wanted == 4
+    assert bank.capture_wanted() == 2  # 300, then 600 >= 500: no third capture
+    assert len(bank) == 2 and bank.bytes == 600 and bank.wanted == 0
+    for x in shapes + [torch.ones(5)]:
+        assert torch.equal(bank(x, static=(2.0,))[0], 2 * x)
+    assert bank.replays == 2 and bank.wanted == 0  # the shapes past the bound (and a new one after it) stay eager
+    bank(torch.ones(6), static=(2.0,))
+    assert bank.capture_wanted() == 0 and len(bank) == 2
