@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,9 +28,6 @@ from engine.runtime import conv_backend
 from engine.serving.requests import Piece, Request
 from engine.serving.sampling import stream_key
 from engine.t2s.decoding import T2SOutput
-
-if TYPE_CHECKING:
-    from engine.serving.scheduler import Context
 
 log = logging.getLogger(__name__)
 
@@ -222,7 +219,7 @@ class AcousticRounds:
                    audio: torch.Tensor | None) -> None:
         from engine.audio import postprocess
 
-        ctx: Context = request.context
+        ctx = request.context  # engine.serving.scheduler.Context
         ends = final and not ctx.gap.size
         if audio is not None:
             request.put(Piece(postprocess(audio), sentence, tuple(toks or ()), "speech", ends))
@@ -232,7 +229,7 @@ class AcousticRounds:
     def _voiced_in_batches(self, request: Request) -> bool:
         """Whether a whole sentence of ``request`` can join the batched chunk decodes: a SoVITS model that voices
         tokens itself (not v3/v4's CFM + vocoder) at speed 1."""
-        ctx: Context = request.context
+        ctx = request.context  # engine.serving.scheduler.Context
         return not self.models.uses_vocoder and ctx.options.speed_factor == 1.0
 
     def _sentence_rows(self, jobs: list) -> list[dict]:
@@ -245,7 +242,7 @@ class AcousticRounds:
         styles: dict[int, torch.Tensor] = {}
         rows = []
         for _, request, sentence, out, _ in jobs:
-            ctx: Context = request.context
+            ctx = request.context  # engine.serving.scheduler.Context
             ge = styles.get(id(ctx.ref))
             if ge is None:
                 ge = styles[id(ctx.ref)] = m.sovits.style_vector(
@@ -258,14 +255,14 @@ class AcousticRounds:
     def _put_sentence(self, request: Request, sentence: Any, out: T2SOutput, audio: torch.Tensor) -> None:
         from engine.audio import postprocess
 
-        ctx: Context = request.context
+        ctx = request.context  # engine.serving.scheduler.Context
         a = postprocess(audio)
         a = np.concatenate([a, ctx.gap]) if ctx.gap.size else a
         request.put(Piece(a, sentence, tuple(int(t) for t in out.tokens.tolist()), "speech", True))
 
     @torch.inference_mode()
     def _run_acoustic(self, kind: str, request: Request, sentence: Any, payload: Any, voice: Any) -> None:
-        ctx: Context = request.context
+        ctx = request.context  # engine.serving.scheduler.Context
         if kind == "chunk":
             toks, final = payload
             self._put_chunk(request, sentence, toks, final, voice.tail() if toks is None else voice.voice(toks, final))
