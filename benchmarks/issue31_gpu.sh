@@ -8,6 +8,7 @@
 #   bash benchmarks/issue31_gpu.sh compiled_round                 # next: the compiled round given its capture time
 #   bash benchmarks/issue31_gpu.sh product_compiled|product_plain  # next: the product path A/B (two calls)
 #   bash benchmarks/issue31_gpu.sh pipeline   # acoustic_pipeline on (1, 64, 256 clients) and off (64, 256)
+#   bash benchmarks/issue31_gpu.sh prefill    # prefill_wait_ms 50 (1, 64, 256 clients) and 0 (64, 256)
 # At most 8 files come back from a call: each mode writes fewer.
 # Run from the repository root on the device machine, after the wheels and dictionary are in place
 # (docs/benchmarks.md, "Device command"): the acoustic round's split (graphs and eager), bounded-context
@@ -63,6 +64,20 @@ if [ "${1:-parts}" = pipeline ]; then  # acoustic_pipeline on/off: the product p
     { echo "-- product_$mode.txt (tail)"; tail -n 12 "/tmp/product_$mode.txt"
       echo "-- server.log: $(grep -c Traceback "/tmp/product_$mode/server.log") tracebacks (tail)"
       grep -v '" 200 OK' "/tmp/product_$mode/server.log" | tail -n 25; } >>"$OUT/steps.log" 2>&1
+  done
+  exit 0
+fi
+if [ "${1:-parts}" = prefill ]; then  # prefill_wait_ms 50 (default) against 0: the product path, engine figures
+  for wait in 50 0; do
+    levels=1,64,256; [ "$wait" = 0 ] && levels=64,256
+    timeout 270 python3 benchmarks/product_load.py --ref-dir .gpu/refset --gsv off --levels $levels --duration 8 \
+      --timeout 45 --budget 260 --serve-arg=--prefill-wait-ms=$wait --out "/tmp/product_$wait" \
+      >"/tmp/product_$wait.txt" 2>&1
+    echo "product_wait$wait: exit $?" | tee -a "$OUT/steps.log"
+    cp "/tmp/product_$wait/product_load.json" "$OUT/product_wait$wait.json"
+    cp "/tmp/product_$wait/product_load.md" "$OUT/product_wait$wait.md"
+    { echo "-- server.log: $(grep -c Traceback "/tmp/product_$wait/server.log") tracebacks (tail)"
+      grep -v '" 200 OK\|synthesis mode' "/tmp/product_$wait/server.log" | tail -n 15; } >>"$OUT/steps.log" 2>&1
   done
   exit 0
 fi

@@ -272,6 +272,9 @@ class EngineSettings:
     # the host, peaks, pieces to their requests), so the device does not wait for that host work; False: one
     # round at a time (the same numbers either way)
     acoustic_pipeline: bool = True
+    # CUDA, while rows decode: a new sentence waits up to this many milliseconds for others to share its prefill
+    # (a prefill costs hundreds of launches whatever its rows); 0: each is prefilled as soon as the loop turns
+    prefill_wait_ms: int = 50
     # processes that read request texts (normalisation, g2p; engine.text.workers), so that the front end never
     # holds the engine's GIL; -1: 2 on CUDA (where the GIL feeds the GPU), none elsewhere; 0: the request threads
     text_processes: int = -1
@@ -289,7 +292,8 @@ class EngineSettings:
         if not _is_int(self.scheduler_context) or self.scheduler_context < 64:
             raise OptionsError(f"scheduler_context must be an integer >= 64, got {self.scheduler_context!r}")
         for name in ("reference_cache_entries", "reference_cache_bytes", "model_pool_bytes", "max_text_chars",
-                     "scheduler_slots", "scheduler_queue", "max_schedulers", "stream_context_tokens"):
+                     "scheduler_slots", "scheduler_queue", "max_schedulers", "stream_context_tokens",
+                     "prefill_wait_ms"):
             v = getattr(self, name)
             if not _is_int(v) or v < 0:
                 raise OptionsError(f"{name} must be a non-negative integer, got {v!r}")

@@ -330,7 +330,8 @@ class Studio:
                                                           acoustic_buckets=s.acoustic_buckets,
                                                           acoustic_graphs=s.acoustic_graphs,
                                                           acoustic_compile=s.acoustic_compile,
-                                                          acoustic_pipeline=s.acoustic_pipeline),
+                                                          acoustic_pipeline=s.acoustic_pipeline,
+                                                          prefill_wait_s=s.prefill_wait_ms / 1000),
                                   gate=self.gate, on_event=self._count, fallback=self.fallback)
                 self._schedulers[models.id] = sched
                 return sched

@@ -44,6 +44,8 @@ log = logging.getLogger(__name__)
 PREFILL_TOKENS = 8192  # most prefix positions (rows x width) prefilled in one go
 CPU_SLOTS = 8
 MAX_CUDA_SLOTS = 2048
+# arrivals waiting that are prefilled at once, whatever prefill_wait_s (CUDA, while rows decode)
+PREFILL_BATCH = 16
 # a whole-file request decodes up to this many of its sentences at once (each in a slot of its own)
 PARALLEL_SENTENCES = 16
 # Python's GIL switch interval while a scheduler runs: a thread that waits for the GIL (the decode loop after
@@ -86,6 +88,9 @@ class SchedulerConfig:
     acoustic_compile: bool = False
     # CUDA: a round's kernels are queued before the previous round's audio is delivered (same numbers)
     acoustic_pipeline: bool = True
+    # CUDA, while rows decode: sentences that arrive wait up to this long for others (or until PREFILL_BATCH
+    # wait), so that one prefill takes them together; 0: each loop turn prefills what arrived
+    prefill_wait_s: float = 0.05
 
 
 @dataclass
@@ -209,6 +214,10 @@ class Scheduler(AcousticRounds):
         self._early = np.full(slots, -1, dtype=np.int64)  # early_stop_num (-1: off)
         self._length = np.zeros(slots, dtype=np.int64)  # positions a row attends (prefix + tokens)
         self._arrivals: deque[tuple[Request, Any]] = deque()
+        self._arrivals_since: float | None = None  # when the arrivals now waiting began to wait (prefill_wait_s)
+        # a prefill costs hundreds of launches whatever its rows, each a chance for other threads to take the GIL:
+        # under load, arrivals wait a little to share one (engine figures in docs/benchmarks.md, issue 31)
+        self.prefill_wait_s = config.prefill_wait_s if models.device.type == "cuda" else 0.0
         self._active: set[Request] = set()  # admitted, T2S not finished
         self._parallel: dict[Request, _Sentences] = {}  # whole-file requests decoding sentences side by side
         self._cancelled: set[Request] = set()
@@ -235,6 +244,7 @@ class Scheduler(AcousticRounds):
         self.t2s_seconds = 0.0  # time in decode steps (host and device)
         self.prefill_seconds = 0.0  # time in prefills of arrivals (host and device)
         self.prefills = 0
+        self.prefill_rows = 0  # sentences prefilled
         self.acoustic_seconds = 0.0  # time in acoustic rounds
         self.acoustic_rounds = 0
         self.acoustic_chunks = 0
@@ -496,6 +506,7 @@ class Scheduler(AcousticRounds):
         chunks per round, a first chunk's wait for its tokens and then for its audio)."""
         first = self._first_chunk_sums
         return {"decode_steps": self.steps, "tokens": self.tokens, "prefills": self.prefills,
+                "prefill_rows": self.prefill_rows,
                 "decode_seconds": self.t2s_seconds, "prefill_seconds": self.prefill_seconds,
                 "acoustic_rounds": self.acoustic_rounds, "acoustic_chunks": self.acoustic_chunks,
                 "acoustic_overlapped": self.acoustic_overlapped, "acoustic_seconds": self.acoustic_seconds,
@@ -541,6 +552,7 @@ class Scheduler(AcousticRounds):
                         self._prefill(arrivals)
                     self.prefill_seconds += time.perf_counter() - t0
                     self.prefills += 1
+                    self.prefill_rows += len(arrivals)
                     arrivals = []
                 if self._n:
                     t0 = time.perf_counter()
@@ -607,6 +619,15 @@ class Scheduler(AcousticRounds):
                                              "server must be restarted (see its log)"))
 
     def _take_arrivals(self) -> list[tuple[Request, Any]]:
+        if not self._arrivals:
+            self._arrivals_since = None
+            return []
+        now = time.monotonic()
+        if self._arrivals_since is None:
+            self._arrivals_since = now
+        if (self._n and len(self._arrivals) < PREFILL_BATCH and now - self._arrivals_since < self.prefill_wait_s
+                and not self._capture_wanted):
+            return []  # rows decode meanwhile; these join the next prefill, with whoever arrives by then
         free = self.slots - self._n
         out: list[tuple[Request, Any]] = []
         width = 0
@@ -625,6 +646,8 @@ class Scheduler(AcousticRounds):
                 break
             width = max(width, w)
             out.append(self._arrivals.popleft())
+        if not self._arrivals:
+            self._arrivals_since = None  # (those left for lack of room keep their time: taken at the next turn)
         return out
 
     # ---- T2S ------------------------------------------------------------------------------------

@@ -337,9 +337,9 @@ def register_engine_metrics(registry: Registry, studio) -> None:
         return samples
 
     registry.callback("sovits_engine_work_total", "What the serving schedulers did: decode steps, tokens decoded "
-                      "(rows x steps), prefills, acoustic rounds, chunks voiced in them, rounds queued behind an "
+                      "(rows x steps), prefills and the sentences in them, acoustic rounds, chunks voiced in them, rounds queued behind an "
                       "unfinished one, first chunks delivered.",
-                      work(("decode_steps", "tokens", "prefills", "acoustic_rounds", "acoustic_chunks",
+                      work(("decode_steps", "tokens", "prefills", "prefill_rows", "acoustic_rounds", "acoustic_chunks",
                             "acoustic_overlapped", "first_chunks"), "kind"), ("kind",), kind="counter")
     registry.callback("sovits_engine_busy_seconds_total", "Seconds the serving schedulers' threads spent in decode "
                       "steps, prefills and acoustic rounds; first_chunk_tokens / first_chunk_audio: the first chunks' "

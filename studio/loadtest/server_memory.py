@@ -42,6 +42,8 @@ def work_figures(first: tuple[float, dict[str, float]], last: tuple[float, dict[
             "rows_per_step": per("tokens", "decode_steps"), "ms_per_step": per("decode", "decode_steps", 1e3),
             "decode_busy": round(d.get("decode", 0) / seconds, 3),
             "prefill_busy": round(d.get("prefill", 0) / seconds, 3),
+            "prefills_per_s": round(d.get("prefills", 0) / seconds, 1), "rows_per_prefill": per("prefill_rows", "prefills"),
+            "ms_per_prefill": per("prefill", "prefills", 1e3),
             "acoustic_rounds_per_s": round(d.get("acoustic_rounds", 0) / seconds, 1),
             "chunks_per_round": per("acoustic_chunks", "acoustic_rounds"),
             "ms_per_round": per("acoustic", "acoustic_rounds", 1e3),

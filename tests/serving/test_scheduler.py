@@ -5,6 +5,8 @@ is bounded, rows join and leave mid-decode, and sampling parameters apply per ro
 from __future__ import annotations
 
 import threading
+import time
+from collections import deque
 
 import numpy as np
 import pytest
@@ -355,3 +357,50 @@ def test_cancelling_a_whole_file_frees_every_slot_of_its_sentences() -> None:
         assert join(studio.synthesize(TEXTS[1], "en", _reference(), opts.replace(early_stop_num=20)))[1].size
     finally:
         studio.close()
+
+
+def test_arrivals_wait_a_little_to_share_a_prefill_and_keep_their_numbers() -> None:
+    """``prefill_wait_s`` (on by default on CUDA, forced here on the CPU): while rows decode, sentences that arrive
+    may wait for others to share one prefill; each request's tokens and audio stay what it gets alone."""
+    studio = _studio(scheduler_slots=4)
+    try:
+        alone = [_run(studio, t, 7 + i, True, top_k=20) for i, t in enumerate(TEXTS)]
+        sched = studio.scheduler(studio.cloner().models)
+        assert sched.prefill_wait_s == 0.0  # the CPU prefills row by row: nothing to share
+        sched.prefill_wait_s = 1.0
+        together = _concurrently(lambda i: _run(studio, TEXTS[i], 7 + i, True, top_k=20), len(TEXTS))
+        for (tokens_a, audio_a, _), (tokens_b, audio_b, _) in zip(alone, together):
+            assert tokens_a == tokens_b
+            assert np.array_equal(audio_a, audio_b)
+    finally:
+        studio.close()
+
+
+def test_arrivals_are_held_back_only_while_rows_decode_and_only_so_long() -> None:
+    """The decode loop's choice of what to prefill: at once when no row decodes or PREFILL_BATCH sentences wait;
+    else only once the first of them has waited ``prefill_wait_s``."""
+    from types import SimpleNamespace
+
+    from engine.serving.scheduler import PREFILL_BATCH, Scheduler
+
+    ref = SimpleNamespace(prompt_phones=[1, 2], prompt_semantic=None)
+    request = SimpleNamespace(cancelled=False, finished=False, context=SimpleNamespace(ref=ref))
+    sched = Scheduler.__new__(Scheduler)  # the fields _take_arrivals reads, without models
+    sched.slots, sched._n, sched.prefill_wait_s, sched._capture_wanted = 64, 3, 0.2, False
+    sched._arrivals, sched._arrivals_since = deque(), None
+
+    def arrive(n: int) -> None:
+        sched._arrivals.extend((request, SimpleNamespace(phones=[5] * 10)) for _ in range(n))
+
+    arrive(2)
+    assert sched._take_arrivals() == []  # rows decode: these wait for company
+    time.sleep(0.25)
+    assert len(sched._take_arrivals()) == 2  # waited long enough
+    assert sched._arrivals_since is None
+    arrive(1)
+    assert sched._take_arrivals() == []
+    arrive(PREFILL_BATCH - 1)
+    assert len(sched._take_arrivals()) == PREFILL_BATCH  # enough of them: at once
+    sched._n = 0
+    arrive(1)
+    assert len(sched._take_arrivals()) == 1  # nothing decodes: no reason to wait
