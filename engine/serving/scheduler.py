@@ -245,6 +245,7 @@ class Scheduler(AcousticRounds):
         self.prefill_seconds = 0.0  # time in prefills of arrivals (host and device)
         self.prefills = 0
         self.prefill_rows = 0  # sentences prefilled
+        self.gate_wait_seconds = 0.0  # of the prefills' and steps' time: waiting for a graph capture to end
         self.acoustic_seconds = 0.0  # time in acoustic rounds
         self.acoustic_rounds = 0
         self.acoustic_chunks = 0
@@ -508,6 +509,7 @@ class Scheduler(AcousticRounds):
         return {"decode_steps": self.steps, "tokens": self.tokens, "prefills": self.prefills,
                 "prefill_rows": self.prefill_rows,
                 "decode_seconds": self.t2s_seconds, "prefill_seconds": self.prefill_seconds,
+                "gate_wait_seconds": self.gate_wait_seconds,
                 "acoustic_rounds": self.acoustic_rounds, "acoustic_chunks": self.acoustic_chunks,
                 "acoustic_overlapped": self.acoustic_overlapped, "acoustic_seconds": self.acoustic_seconds,
                 "first_chunks": first[0], "first_chunk_tokens_seconds": first[1], "first_chunk_audio_seconds": first[2]}
@@ -549,6 +551,7 @@ class Scheduler(AcousticRounds):
                 if arrivals:
                     t0 = time.perf_counter()
                     with self.gate.work():
+                        self.gate_wait_seconds += time.perf_counter() - t0  # a graph capture held the device
                         self._prefill(arrivals)
                     self.prefill_seconds += time.perf_counter() - t0
                     self.prefills += 1
@@ -557,6 +560,7 @@ class Scheduler(AcousticRounds):
                 if self._n:
                     t0 = time.perf_counter()
                     with self.gate.work():
+                        self.gate_wait_seconds += time.perf_counter() - t0
                         self._decode_step()
                     self.t2s_seconds += time.perf_counter() - t0
                 elif not self._arrivals and (self._capture_wanted or self.decoder.missing):

@@ -337,15 +337,17 @@ def register_engine_metrics(registry: Registry, studio) -> None:
         return samples
 
     registry.callback("sovits_engine_work_total", "What the serving schedulers did: decode steps, tokens decoded "
-                      "(rows x steps), prefills and the sentences in them, acoustic rounds, chunks voiced in them, rounds queued behind an "
-                      "unfinished one, first chunks delivered.",
+                      "(rows x steps), prefills and the sentences in them, acoustic rounds, chunks voiced in them, "
+                      "rounds queued behind an unfinished one, first chunks delivered.",
                       work(("decode_steps", "tokens", "prefills", "prefill_rows", "acoustic_rounds", "acoustic_chunks",
                             "acoustic_overlapped", "first_chunks"), "kind"), ("kind",), kind="counter")
     registry.callback("sovits_engine_busy_seconds_total", "Seconds the serving schedulers' threads spent in decode "
-                      "steps, prefills and acoustic rounds; first_chunk_tokens / first_chunk_audio: the first chunks' "
-                      "waits summed (request to its first token chunk, then to that chunk's audio).",
-                      work(("decode_seconds", "prefill_seconds", "acoustic_seconds", "first_chunk_tokens_seconds",
-                            "first_chunk_audio_seconds"), "stage"), ("stage",), kind="counter")
+                      "steps, prefills and acoustic rounds (gate_wait: of the steps' and prefills', waiting for a "
+                      "graph capture to end); first_chunk_tokens / first_chunk_audio: the first chunks' waits summed "
+                      "(request to its first token chunk, then to that chunk's audio).",
+                      work(("decode_seconds", "prefill_seconds", "gate_wait_seconds", "acoustic_seconds",
+                            "first_chunk_tokens_seconds", "first_chunk_audio_seconds"), "stage"), ("stage",),
+                      kind="counter")
     registry.callback("sovits_cpu_fallback_total", "Stage runs moved to the CPU because the accelerator lacks "
                       "one of their operators.", fallbacks, ("stage",), kind="counter")
     registry.callback("sovits_memory_degrade_total", "Memory watermark decisions: degrade steps run, requests "

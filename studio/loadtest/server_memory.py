@@ -22,8 +22,12 @@ WORK_SERIES = (("sovits_engine_work_total", "kind"), ("sovits_engine_busy_second
 
 def engine_work(metrics: dict[str, list[tuple[dict[str, str], float]]]) -> dict[str, float]:
     """The engine's counters of one scrape: {kind or stage: value} (empty when the server exports none)."""
-    return {labels[label]: value for name, label in WORK_SERIES for labels, value in metrics.get(name, [])
-            if label in labels}
+    out = {labels[label]: value for name, label in WORK_SERIES for labels, value in metrics.get(name, [])
+           if label in labels}
+    captures = _series_sum(metrics, "sovits_acoustic_graph_captures_total", {"phase": "serving"})
+    if out and captures is not None:
+        out["acoustic_captures"] = captures
+    return out
 
 
 def work_figures(first: tuple[float, dict[str, float]], last: tuple[float, dict[str, float]]) -> dict[str, Any]:
@@ -44,6 +48,8 @@ def work_figures(first: tuple[float, dict[str, float]], last: tuple[float, dict[
             "prefill_busy": round(d.get("prefill", 0) / seconds, 3),
             "prefills_per_s": round(d.get("prefills", 0) / seconds, 1), "rows_per_prefill": per("prefill_rows", "prefills"),
             "ms_per_prefill": per("prefill", "prefills", 1e3),
+            "gate_wait_busy": round(d.get("gate_wait", 0) / seconds, 3),
+            "acoustic_captures": int(d.get("acoustic_captures", 0)),
             "acoustic_rounds_per_s": round(d.get("acoustic_rounds", 0) / seconds, 1),
             "chunks_per_round": per("acoustic_chunks", "acoustic_rounds"),
             "ms_per_round": per("acoustic", "acoustic_rounds", 1e3),

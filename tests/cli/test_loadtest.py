@@ -317,3 +317,26 @@ def test_ci_size_product_mix_of_a_tiny_server(tiny_server, tmp_path, capsys) -> 
                                                        for lang in ("zh", "en", "ja"))
     assert all(s["audio_s"] > 0 and s["status"] == 200 for s in level["streams"])
     assert level["first_chunk_s"]["p50"] > 0 and level["whole_file_s"]["p50"] > 0
+
+
+def test_the_engine_figures_of_a_level_come_from_two_scrapes_of_its_counters() -> None:
+    from studio.loadtest.server_memory import engine_work, work_figures
+
+    def scrape(steps: int, tokens: int, decode_s: float, prefills: int, rows: int, prefill_s: float) -> dict:
+        text = (f'sovits_engine_work_total{{kind="decode_steps"}} {steps}\n'
+                f'sovits_engine_work_total{{kind="tokens"}} {tokens}\n'
+                f'sovits_engine_work_total{{kind="prefills"}} {prefills}\n'
+                f'sovits_engine_work_total{{kind="prefill_rows"}} {rows}\n'
+                f'sovits_engine_busy_seconds_total{{stage="decode"}} {decode_s}\n'
+                f'sovits_engine_busy_seconds_total{{stage="prefill"}} {prefill_s}\n'
+                'sovits_acoustic_graph_captures_total{phase="serving"} 3\n')
+        return engine_work(parse_metrics(text))
+
+    first = (10.0, scrape(100, 1000, 0.5, 4, 4, 0.2))
+    last = (12.0, scrape(300, 9000, 1.1, 9, 24, 0.7))
+    got = work_figures(first, last)
+    assert got["decode_steps_per_s"] == 100.0 and got["rows_per_step"] == 40.0 and got["ms_per_step"] == 3.0
+    assert got["decode_busy"] == 0.3 and got["prefill_busy"] == 0.25
+    assert got["prefills_per_s"] == 2.5 and got["rows_per_prefill"] == 4.0 and got["ms_per_prefill"] == 100.0
+    assert got["acoustic_captures"] == 0  # 3 before, 3 after
+    assert engine_work(parse_metrics("sovits_host_memory_bytes{kind=\"rss\"} 5\n")) == {}  # an older server
