@@ -22,6 +22,7 @@ import copy
 import dataclasses
 import logging
 import math
+import os
 import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -342,6 +343,27 @@ _MISSING_PHRASES = ("not implemented for", "not currently implemented", "is not 
 
 
 CONV_BACKENDS = ("auto", "cudnn", "native")
+
+
+def attention_without_shape_plans(device: torch.device) -> bool:
+    """On CUDA, take cuDNN's attention out of ``scaled_dot_product_attention``'s choices (process-wide, as PyTorch
+    keeps them; idempotent): returns whether it was on.
+
+    Why: torch 2.11 on sm90/sm100 (H100, H200, B200) tries cuDNN's attention first, and cuDNN builds an execution
+    plan for every new shape (hundreds of ms on a B200: modelscope/FunASR#3704). Nearly every call of ours has a
+    shape of its own: a T2S prefill (rows x the widest prefix), HuBERT on each clip, BERT on each sentence. On an
+    H200 a prefill took 67-120 ms, 117 ms for 1.15 rows at one client (docs/benchmarks.md, issue 31), while a
+    24-layer decode step took 1 ms; that cuDNN's plans are the cause is not yet measured
+    (benchmarks/prefill_shapes.py). The efficient and flash kernels need no plan; PyTorch picks among them as
+    before. ``SOVITS_CUDNN_ATTENTION=1`` leaves cuDNN's attention on."""
+    if device.type != "cuda" or os.environ.get("SOVITS_CUDNN_ATTENTION") == "1":
+        return False
+    was = torch.backends.cuda.cudnn_sdp_enabled()
+    if was:
+        torch.backends.cuda.enable_cudnn_sdp(False)
+        log.info("cuDNN attention is off for scaled_dot_product_attention: it builds a plan per shape, and "
+                 "prefills, clips and sentences each have one (SOVITS_CUDNN_ATTENTION=1 keeps it)")
+    return was
 
 
 def conv_backend(device: torch.device, choice: str = "auto"):

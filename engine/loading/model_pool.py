@@ -22,7 +22,7 @@ from torch import nn
 
 from engine.errors import CheckpointError, OptionsError
 from engine.lru import LRUCache
-from engine.runtime import Runtime
+from engine.runtime import Runtime, attention_without_shape_plans
 from engine.versions import VOCODER_VERSIONS, uses_speaker_embedding
 
 log = logging.getLogger(__name__)
@@ -346,6 +346,7 @@ class ModelPool:
         bert_path = check_weight_path(weights.bert, (), "BERT folder (bert_base_path)")
         ssl_path = check_weight_path(weights.ssl, (), "HuBERT folder (cnhuhbert_base_path)")
         pinned: list[Hashable] = []
+        attention_without_shape_plans(runtime.device)  # before any attention runs on a CUDA device
         decoder = self.t2s_decoder
         if decoder == "auto":
             decoder = "fast" if runtime.device.type == "cuda" else "reference"
