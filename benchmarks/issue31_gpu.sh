@@ -9,6 +9,7 @@
 #   bash benchmarks/issue31_gpu.sh product_compiled|product_plain  # next: the product path A/B (two calls)
 #   bash benchmarks/issue31_gpu.sh pipeline   # acoustic_pipeline on (1, 64, 256 clients) and off (64, 256)
 #   bash benchmarks/issue31_gpu.sh prefill    # prefill_wait_ms 50 (1, 64, 256 clients) and 0 (64, 256)
+#   bash benchmarks/issue31_gpu.sh attention  # next: SDPA first calls per backend; the product with cuDNN attention off/on
 # At most 8 files come back from a call: each mode writes fewer.
 # Run from the repository root on the device machine, after the wheels and dictionary are in place
 # (docs/benchmarks.md, "Device command"): the acoustic round's split (graphs and eager), bounded-context
@@ -78,6 +79,20 @@ if [ "${1:-parts}" = prefill ]; then  # prefill_wait_ms 50 (default) against 0: 
     cp "/tmp/product_$wait/product_load.md" "$OUT/product_wait$wait.md"
     { echo "-- server.log: $(grep -c Traceback "/tmp/product_$wait/server.log") tracebacks (tail)"
       grep -v '" 200 OK\|synthesis mode' "/tmp/product_$wait/server.log" | tail -n 15; } >>"$OUT/steps.log" 2>&1
+  done
+  exit 0
+fi
+if [ "${1:-parts}" = attention ]; then  # cuDNN's attention off (default now) against on: the prefill's cost
+  step prefill_shapes 60 python3 benchmarks/prefill_shapes.py
+  for cudnn in 0 1; do  # SOVITS_CUDNN_ATTENTION=1 keeps cuDNN's attention (the former behaviour)
+    SOVITS_CUDNN_ATTENTION=$cudnn timeout 250 python3 benchmarks/product_load.py --ref-dir .gpu/refset --gsv off \
+      --levels 1,64,256 --duration 8 --timeout 45 --budget 240 --out "/tmp/product_cudnn$cudnn" \
+      >"/tmp/product_cudnn$cudnn.txt" 2>&1
+    echo "product_cudnn$cudnn: exit $?" | tee -a "$OUT/steps.log"
+    cp "/tmp/product_cudnn$cudnn/product_load.json" "$OUT/product_cudnn$cudnn.json"
+    cp "/tmp/product_cudnn$cudnn/product_load.md" "$OUT/product_cudnn$cudnn.md"
+    { echo "-- server.log: $(grep -c Traceback "/tmp/product_cudnn$cudnn/server.log") tracebacks (tail)"
+      grep -v '" 200 OK\|synthesis mode' "/tmp/product_cudnn$cudnn/server.log" | tail -n 15; } >>"$OUT/steps.log" 2>&1
   done
   exit 0
 fi
