@@ -284,7 +284,9 @@ def _holds(exc: BaseException, kind: type) -> bool:
     """``exc`` is a ``kind``, or an exception group (a task group's) holding one."""
     if isinstance(exc, kind):
         return True
-    return isinstance(exc, BaseExceptionGroup) and any(_holds(e, kind) for e in exc.exceptions)
+    # an exception group: Python 3.11's, or on 3.10 the exceptiongroup backport anyio raises (no builtin there)
+    inner = getattr(exc, "exceptions", None)
+    return isinstance(inner, (tuple, list)) and any(isinstance(e, BaseException) and _holds(e, kind) for e in inner)
 
 
 def _client_left(exc: BaseException) -> bool:
