@@ -232,10 +232,16 @@ class SlotDecoder:
             self.pos_host = WINDOW_STEP + width
             self.pos.fill_(self.pos_host)
         xy = torch.stack([F.pad(x, (0, 0, width - x.shape[0], 0)) for x in prefixes])  # (n, W, D)
-        mask, key_ok = prefix_lm_mask(torch.tensor(text_lengths, device=dev), torch.tensor(totals, device=dev),
-                                      width)
+        # every host number of the prefill in one copy per dtype (each copy from pageable memory waits for the
+        # stream): lengths, rows, the rows' sampling parameters and noise keys, their prompt lengths
+        ints, floats = _to_device(dev, np.array(
+            [text_lengths, totals, list(rows), [s.top_k for s in params], list(min_steps), list(keys),
+             [t - tl for t, tl in zip(totals, text_lengths)]], dtype=np.int64), np.array(
+            [[s.top_p for s in params], [s.temperature for s in params], [s.repetition_penalty for s in params]],
+            dtype=np.float32))
+        mask, key_ok = prefix_lm_mask(ints[0], ints[1], width)
         idx = (torch.arange(self.pos_host - width, self.pos_host, device=dev) % self.capacity)  # (W,) ring places
-        rows_t = torch.tensor(list(rows), dtype=torch.long, device=dev)
+        rows_t = ints[2]
         heads = torch.arange(self.n_head, device=dev)
         where = (rows_t.view(-1, 1, 1), heads.view(1, -1, 1), idx.view(1, 1, -1))
         x = xy
@@ -252,22 +258,15 @@ class SlotDecoder:
             if prompt is not None and prompt.numel():
                 self.seen[r, prompt.to(dev).long().view(-1)] = True
         p = self.params
-
-        def put(t: torch.Tensor, values) -> None:
-            t[rows_t] = torch.tensor(values, dtype=t.dtype, device=dev)
-
-        put(p.top_k, [s.top_k for s in params])
-        put(p.top_p, [s.top_p for s in params])
-        put(p.temperature, [s.temperature for s in params])
-        put(p.penalty, [s.repetition_penalty for s in params])
-        put(p.min_steps, list(min_steps))
-        put(p.key, list(keys))
+        for t, values in ((p.top_k, ints[3]), (p.top_p, floats[0]), (p.temperature, floats[1]),
+                          (p.penalty, floats[2]), (p.min_steps, ints[4]), (p.key, ints[5])):
+            t[rows_t] = values.to(t.dtype)
         rp = RowParams(*(t[rows_t] for t in (p.top_k, p.top_p, p.temperature, p.penalty, p.min_steps, p.key)))
         zero = torch.zeros(n, dtype=torch.long, device=dev)
         tok, arg = sample_rows(m.logits(x[:, -1]), self.seen[rows_t], zero, rp)
         self.seen[rows_t, tok] = True
         self.token[rows_t] = tok
-        put(self.audio_pos, [t - tl for t, tl in zip(totals, text_lengths)])  # prompt length: next PE index
+        self.audio_pos[rows_t] = ints[6].to(self.audio_pos.dtype)  # prompt length: next PE index
         self.step_index[rows_t] = 1
         return tok.cpu().numpy(), arg.cpu().numpy()
 
@@ -311,3 +310,11 @@ class SlotDecoder:
         self.params = RowParams(*(cpu(t) for t in (p.top_k, p.top_p, p.temperature, p.penalty, p.min_steps, p.key)))
         self.model, self.device, self.dtype = model, torch.device("cpu"), torch.float32
         self.use_graph, self._tk, self.buckets, self._graphs, self._pool = False, None, (), {}, None
+
+
+def _to_device(device: torch.device, *arrays: np.ndarray) -> tuple[torch.Tensor, ...]:
+    """Host arrays on ``device``: on CUDA from pinned memory without waiting for the stream (a copy from pageable
+    memory would wait for the work queued before it)."""
+    if device.type != "cuda":
+        return tuple(torch.from_numpy(a).to(device) for a in arrays)
+    return tuple(torch.from_numpy(a).pin_memory().to(device, non_blocking=True) for a in arrays)
