@@ -22,13 +22,18 @@ def main() -> int:
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--head-dim", type=int, default=32)
     ap.add_argument("--layers", type=int, default=24)
+    ap.add_argument("--device", default="cuda", help="cuda (what this is for); cpu only checks the script")
     args = ap.parse_args()
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    dev = torch.device("cuda")
-    print(f"{torch.cuda.get_device_name(dev)}, torch {torch.__version__}", flush=True)
+    dev = torch.device(args.device)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    dtype = torch.float16 if dev.type == "cuda" else torch.float32
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+    print(f"{name}, torch {torch.__version__}, cuDNN attention enabled: {torch.backends.cuda.cudnn_sdp_enabled()}",
+          flush=True)
     start, stop, step = (int(x) for x in args.widths.split(":"))
     backends = {"default": None, "cudnn": [SDPBackend.CUDNN_ATTENTION],
                 "efficient": [SDPBackend.EFFICIENT_ATTENTION], "math": [SDPBackend.MATH]}
@@ -36,7 +41,7 @@ def main() -> int:
     for name, chosen in backends.items():
         firsts, repeats, stacks = [], [], []
         for w in range(start + offset, stop + offset, step):  # widths of their own for each backend
-            q, k, v = (torch.randn(args.rows, args.heads, w, args.head_dim, device=dev, dtype=torch.float16)
+            q, k, v = (torch.randn(args.rows, args.heads, w, args.head_dim, device=dev, dtype=dtype)
                        for _ in range(3))
             mask = torch.ones(args.rows, 1, w, w, device=dev, dtype=torch.bool).tril()
 
@@ -48,18 +53,18 @@ def main() -> int:
 
             try:
                 for times in (firsts, repeats):
-                    torch.cuda.synchronize()
+                    sync()
                     t0 = time.perf_counter()
                     call()
-                    torch.cuda.synchronize()
+                    sync()
                     times.append(time.perf_counter() - t0)
-                torch.cuda.synchronize()
+                sync()
                 t0 = time.perf_counter()
                 for _ in range(args.layers):
                     call()
-                torch.cuda.synchronize()
+                sync()
                 stacks.append(time.perf_counter() - t0)
-            except RuntimeError as e:
+            except RuntimeError as e:  # a backend that cannot run this shape or device
                 print(f"{name}: width {w}: {str(e).splitlines()[0][:120]}", flush=True)
                 break
         offset += 1
