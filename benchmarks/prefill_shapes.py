@@ -45,7 +45,7 @@ def main() -> int:
                        for _ in range(3))
             mask = torch.ones(args.rows, 1, w, w, device=dev, dtype=torch.bool).tril()
 
-            def call():
+            def call(q=q, k=k, v=v, mask=mask, chosen=chosen):
                 if chosen is None:
                     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
                 with sdpa_kernel(chosen):
