@@ -37,8 +37,7 @@ def main() -> int:
     start, stop, step = (int(x) for x in args.widths.split(":"))
     backends = {"default": None, "cudnn": [SDPBackend.CUDNN_ATTENTION],
                 "efficient": [SDPBackend.EFFICIENT_ATTENTION], "math": [SDPBackend.MATH]}
-    offset = 0
-    for name, chosen in backends.items():
+    for offset, (name, chosen) in enumerate(backends.items()):
         firsts, repeats, stacks = [], [], []
         for w in range(start + offset, stop + offset, step):  # widths of their own for each backend
             q, k, v = (torch.randn(args.rows, args.heads, w, args.head_dim, device=dev, dtype=dtype)
@@ -67,7 +66,6 @@ def main() -> int:
             except RuntimeError as e:  # a backend that cannot run this shape or device
                 print(f"{name}: width {w}: {str(e).splitlines()[0][:120]}", flush=True)
                 break
-        offset += 1
         if firsts:
             print(f"{name:9s}: first call at a new width median {1e3 * sorted(firsts)[len(firsts) // 2]:7.2f} ms "
                   f"(max {1e3 * max(firsts):7.2f}), repeat {1e3 * sorted(repeats)[len(repeats) // 2]:6.3f} ms, "
