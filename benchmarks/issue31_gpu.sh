@@ -54,46 +54,32 @@ if [ "${1:-parts}" = product_compiled ] || [ "${1:-parts}" = product_plain ]; th
     --duration 15 --budget 560 --serve-arg=$flag --out "$OUT/product"
   exit 0
 fi
+product() {  # product NAME LEVELS [product_load flags...]: the product path (8 s levels) into $OUT/NAME.{json,md}
+  local name=$1 levels=$2
+  shift 2
+  timeout 270 python3 benchmarks/product_load.py --ref-dir .gpu/refset --gsv off --levels "$levels" --duration 8 \
+    --timeout 45 --budget 260 --out "/tmp/$name" "$@" >"/tmp/$name.txt" 2>&1
+  echo "$name: exit $?" | tee -a "$OUT/steps.log"
+  cp "/tmp/$name/product_load.json" "$OUT/$name.json"
+  cp "/tmp/$name/product_load.md" "$OUT/$name.md"
+  { echo "-- $name.txt (tail)"; tail -n 12 "/tmp/$name.txt"
+    echo "-- server.log: $(grep -c Traceback "/tmp/$name/server.log") tracebacks (tail)"
+    grep -v '" 200 OK\|synthesis mode' "/tmp/$name/server.log" | tail -n 15; } >>"$OUT/steps.log" 2>&1
+}
 if [ "${1:-parts}" = pipeline ]; then  # acoustic_pipeline on/off: the product path with the engine's own figures
-  for mode in on off; do
-    flag=--acoustic-pipeline; levels=1,64,256; [ "$mode" = off ] && flag=--no-acoustic-pipeline && levels=64,256
-    timeout 270 python3 benchmarks/product_load.py --ref-dir .gpu/refset --gsv off --levels $levels --duration 8 \
-      --timeout 45 --budget 260 --serve-arg=$flag --out "/tmp/product_$mode" >"/tmp/product_$mode.txt" 2>&1
-    echo "product_$mode: exit $?" | tee -a "$OUT/steps.log"
-    cp "/tmp/product_$mode/product_load.json" "$OUT/product_$mode.json"
-    cp "/tmp/product_$mode/product_load.md" "$OUT/product_$mode.md"
-    { echo "-- product_$mode.txt (tail)"; tail -n 12 "/tmp/product_$mode.txt"
-      echo "-- server.log: $(grep -c Traceback "/tmp/product_$mode/server.log") tracebacks (tail)"
-      grep -v '" 200 OK' "/tmp/product_$mode/server.log" | tail -n 25; } >>"$OUT/steps.log" 2>&1
-  done
+  product product_on 1,64,256 --serve-arg=--acoustic-pipeline
+  product product_off 64,256 --serve-arg=--no-acoustic-pipeline
   exit 0
 fi
 if [ "${1:-parts}" = prefill ]; then  # prefill_wait_ms 50 (default) against 0: the product path, engine figures
-  for wait in 50 0; do
-    levels=1,64,256; [ "$wait" = 0 ] && levels=64,256
-    timeout 270 python3 benchmarks/product_load.py --ref-dir .gpu/refset --gsv off --levels $levels --duration 8 \
-      --timeout 45 --budget 260 --serve-arg=--prefill-wait-ms=$wait --out "/tmp/product_$wait" \
-      >"/tmp/product_$wait.txt" 2>&1
-    echo "product_wait$wait: exit $?" | tee -a "$OUT/steps.log"
-    cp "/tmp/product_$wait/product_load.json" "$OUT/product_wait$wait.json"
-    cp "/tmp/product_$wait/product_load.md" "$OUT/product_wait$wait.md"
-    { echo "-- server.log: $(grep -c Traceback "/tmp/product_$wait/server.log") tracebacks (tail)"
-      grep -v '" 200 OK\|synthesis mode' "/tmp/product_$wait/server.log" | tail -n 15; } >>"$OUT/steps.log" 2>&1
-  done
+  product product_wait50 1,64,256 --serve-arg=--prefill-wait-ms=50
+  product product_wait0 64,256 --serve-arg=--prefill-wait-ms=0
   exit 0
 fi
 if [ "${1:-parts}" = attention ]; then  # cuDNN's attention off (default now) against on: the prefill's cost
   step prefill_shapes 60 python3 benchmarks/prefill_shapes.py
-  for cudnn in 0 1; do  # SOVITS_CUDNN_ATTENTION=1 keeps cuDNN's attention (the former behaviour)
-    SOVITS_CUDNN_ATTENTION=$cudnn timeout 250 python3 benchmarks/product_load.py --ref-dir .gpu/refset --gsv off \
-      --levels 1,64,256 --duration 8 --timeout 45 --budget 240 --out "/tmp/product_cudnn$cudnn" \
-      >"/tmp/product_cudnn$cudnn.txt" 2>&1
-    echo "product_cudnn$cudnn: exit $?" | tee -a "$OUT/steps.log"
-    cp "/tmp/product_cudnn$cudnn/product_load.json" "$OUT/product_cudnn$cudnn.json"
-    cp "/tmp/product_cudnn$cudnn/product_load.md" "$OUT/product_cudnn$cudnn.md"
-    { echo "-- server.log: $(grep -c Traceback "/tmp/product_cudnn$cudnn/server.log") tracebacks (tail)"
-      grep -v '" 200 OK\|synthesis mode' "/tmp/product_cudnn$cudnn/server.log" | tail -n 15; } >>"$OUT/steps.log" 2>&1
-  done
+  SOVITS_CUDNN_ATTENTION=0 product product_cudnn0 1,64,256
+  SOVITS_CUDNN_ATTENTION=1 product product_cudnn1 1,64,256  # keeps cuDNN's attention (the former behaviour)
   exit 0
 fi
 if [ "${1:-parts}" = levers ]; then

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, TypeVar
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -276,6 +277,15 @@ def copy_to_host(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], device: tor
     for dst, src in pairs:
         dst.copy_(src, non_blocking=device.type != "cpu")
     wait_for_device(device)
+
+
+def host_to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A host array on ``device``: on CUDA through pinned memory without waiting for the stream (a copy from
+    pageable memory first waits for the work queued before it, e.g. the previous round's kernels)."""
+    t = torch.from_numpy(array)
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 class HostCopy:

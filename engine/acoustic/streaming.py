@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch.profiler import record_function
 
 from engine.models.sovits_modules import sequence_mask
+from engine.runtime import host_to_device
 
 CHECK_TOKEN_NUM = 2  # official check_token_num: the mute search starts this many tokens past chunk_length
 SPLIT_THRESHOLD = 0.0  # official chunk_split_thershold passed by TTS.run
@@ -428,11 +429,12 @@ class AcousticGraphs:
         device = next(sovits.parameters()).device
         if max_bytes is None and device.type == "cuda":
             max_bytes = int(torch.cuda.get_device_properties(device).total_memory * self.MEMORY_FRACTION)
-        share = (lambda part: None) if max_bytes is None else (lambda part: int(max_bytes * part))
-        self.encoders = GraphBank(functools.partial(encode_prefixes, sovits), limit, max_bytes=share(0.25), **bank)
+        encoder_bytes = None if max_bytes is None else max_bytes // 4
+        voice_bytes = None if max_bytes is None else max_bytes - encoder_bytes
+        self.encoders = GraphBank(functools.partial(encode_prefixes, sovits), limit, max_bytes=encoder_bytes, **bank)
         voice = functools.partial(voice_latents, sovits)
         self.voices = GraphBank(voice, limit, captured=compiled_voicing(sovits) if compile else None,
-                                max_bytes=share(0.75), **bank)
+                                max_bytes=voice_bytes, **bank)
 
     @property
     def bytes(self) -> int:
@@ -629,9 +631,7 @@ def _batch_inputs(sovits, rows: Sequence[dict], buckets: bool) -> _Batch:
         grid[i, -4:] = (frame * n_codes[k], n_text[k], n_out[k], frame * n_codes[k] - n_out[k])
     starts_at = np.cumsum([0, *n_out[:-1]])
     drawn = np.minimum(starts_at[:, None] + np.arange(w_out), max(sum(n_out) - 1, 0))  # past a row's end: masked
-    flat = torch.from_numpy(np.concatenate([grid.ravel(), *map(np.asarray, members), fade.ravel(), drawn.ravel()]))
-    # CUDA: from pageable memory the copy would first wait for the stream (the previous round's kernels)
-    flat = flat.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else flat.to(dev)
+    flat = host_to_device(np.concatenate([grid.ravel(), *map(np.asarray, members), fade.ravel(), drawn.ravel()]), dev)
     grid, at = flat[: grid.size].view(grid.shape), grid.size
     picks = []
     for m in members:

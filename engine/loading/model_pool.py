@@ -346,7 +346,6 @@ class ModelPool:
         bert_path = check_weight_path(weights.bert, (), "BERT folder (bert_base_path)")
         ssl_path = check_weight_path(weights.ssl, (), "HuBERT folder (cnhuhbert_base_path)")
         pinned: list[Hashable] = []
-        attention_without_shape_plans(runtime.device)  # before any attention runs on a CUDA device
         decoder = self.t2s_decoder
         if decoder == "auto":
             decoder = "fast" if runtime.device.type == "cuda" else "reference"
@@ -435,6 +434,7 @@ class ModelPool:
 
         def load() -> Any:
             log.info("loading %s weights %s on %s", kind, path, rt.device)
+            attention_without_shape_plans(rt.device)  # before any attention of it runs on a CUDA device
             return self._loaders[kind](path, rt, *extra)
 
         return self._cache.get_or_build(key, load, keep=set(pinned))[0]

@@ -629,8 +629,7 @@ class Scheduler(AcousticRounds):
         now = time.monotonic()
         if self._arrivals_since is None:
             self._arrivals_since = now
-        if (self._n and len(self._arrivals) < PREFILL_BATCH and now - self._arrivals_since < self.prefill_wait_s
-                and not self._capture_wanted):
+        if self._n and len(self._arrivals) < PREFILL_BATCH and now - self._arrivals_since < self.prefill_wait_s:
             return []  # rows decode meanwhile; these join the next prefill, with whoever arrives by then
         free = self.slots - self._n
         out: list[tuple[Request, Any]] = []

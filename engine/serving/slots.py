@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.models.t2s import Text2SemanticModel
-from engine.runtime import copy_to_host
+from engine.runtime import copy_to_host, host_to_device
 from engine.serving.sampling import RowParams, sample_rows
 from engine.t2s.decoding import SamplingParams, T2SInput, prefix_lm_mask
 from engine.t2s.fast import fused_layers
@@ -234,11 +234,12 @@ class SlotDecoder:
         xy = torch.stack([F.pad(x, (0, 0, width - x.shape[0], 0)) for x in prefixes])  # (n, W, D)
         # every host number of the prefill in one copy per dtype (each copy from pageable memory waits for the
         # stream): lengths, rows, the rows' sampling parameters and noise keys, their prompt lengths
-        ints, floats = _to_device(dev, np.array(
+        ints = host_to_device(np.array(
             [text_lengths, totals, list(rows), [s.top_k for s in params], list(min_steps), list(keys),
-             [t - tl for t, tl in zip(totals, text_lengths)]], dtype=np.int64), np.array(
+             [t - tl for t, tl in zip(totals, text_lengths)]], dtype=np.int64), dev)
+        floats = host_to_device(np.array(
             [[s.top_p for s in params], [s.temperature for s in params], [s.repetition_penalty for s in params]],
-            dtype=np.float32))
+            dtype=np.float32), dev)
         mask, key_ok = prefix_lm_mask(ints[0], ints[1], width)
         idx = (torch.arange(self.pos_host - width, self.pos_host, device=dev) % self.capacity)  # (W,) ring places
         rows_t = ints[2]
@@ -310,11 +311,3 @@ class SlotDecoder:
         self.params = RowParams(*(cpu(t) for t in (p.top_k, p.top_p, p.temperature, p.penalty, p.min_steps, p.key)))
         self.model, self.device, self.dtype = model, torch.device("cpu"), torch.float32
         self.use_graph, self._tk, self.buckets, self._graphs, self._pool = False, None, (), {}, None
-
-
-def _to_device(device: torch.device, *arrays: np.ndarray) -> tuple[torch.Tensor, ...]:
-    """Host arrays on ``device``: on CUDA from pinned memory without waiting for the stream (a copy from pageable
-    memory would wait for the work queued before it)."""
-    if device.type != "cuda":
-        return tuple(torch.from_numpy(a).to(device) for a in arrays)
-    return tuple(torch.from_numpy(a).pin_memory().to(device, non_blocking=True) for a in arrays)
