@@ -9,7 +9,8 @@
 #   bash benchmarks/issue31_gpu.sh product_compiled|product_plain  # next: the product path A/B (two calls)
 #   bash benchmarks/issue31_gpu.sh pipeline   # acoustic_pipeline on (1, 64, 256 clients) and off (64, 256)
 #   bash benchmarks/issue31_gpu.sh prefill    # prefill_wait_ms 50 (1, 64, 256 clients) and 0 (64, 256)
-#   bash benchmarks/issue31_gpu.sh attention  # next: SDPA first calls per backend; the product with cuDNN attention off/on
+#   bash benchmarks/issue31_gpu.sh attention  # SDPA first calls per backend, a prefill's split (prefill_split.py);
+#                                             # the product with cuDNN attention off/on
 # At most 8 files come back from a call: each mode writes fewer.
 # Run from the repository root on the device machine, after the wheels and dictionary are in place
 # (docs/benchmarks.md, "Device command"): the acoustic round's split (graphs and eager), bounded-context
@@ -78,6 +79,7 @@ if [ "${1:-parts}" = prefill ]; then  # prefill_wait_ms 50 (default) against 0: 
 fi
 if [ "${1:-parts}" = attention ]; then  # cuDNN's attention off (default now) against on: the prefill's cost
   step prefill_shapes 60 python3 benchmarks/prefill_shapes.py
+  step prefill_split 120 python3 benchmarks/prefill_split.py
   SOVITS_CUDNN_ATTENTION=0 product product_cudnn0 1,64,256
   SOVITS_CUDNN_ATTENTION=1 product product_cudnn1 1,64,256  # keeps cuDNN's attention (the former behaviour)
   exit 0

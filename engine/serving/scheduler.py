@@ -245,6 +245,7 @@ class Scheduler(AcousticRounds):
         self.prefill_seconds = 0.0  # time in prefills of arrivals (host and device)
         self.prefills = 0
         self.prefill_rows = 0  # sentences prefilled
+        self.prefill_setup_seconds = 0.0  # of prefill_seconds: the rows' host set-up before the device prefill
         self.gate_wait_seconds = 0.0  # of the prefills' and steps' time: waiting for a graph capture to end
         self.acoustic_seconds = 0.0  # time in acoustic rounds
         self.acoustic_rounds = 0
@@ -509,6 +510,7 @@ class Scheduler(AcousticRounds):
         return {"decode_steps": self.steps, "tokens": self.tokens, "prefills": self.prefills,
                 "prefill_rows": self.prefill_rows,
                 "decode_seconds": self.t2s_seconds, "prefill_seconds": self.prefill_seconds,
+                "prefill_setup_seconds": self.prefill_setup_seconds,
                 "gate_wait_seconds": self.gate_wait_seconds,
                 "acoustic_rounds": self.acoustic_rounds, "acoustic_chunks": self.acoustic_chunks,
                 "acoustic_overlapped": self.acoustic_overlapped, "acoustic_seconds": self.acoustic_seconds,
@@ -655,6 +657,7 @@ class Scheduler(AcousticRounds):
 
     # ---- T2S ------------------------------------------------------------------------------------
     def _prefill(self, arrivals: list[tuple[Request, Any]]) -> None:
+        t0 = time.perf_counter()
         rows, inputs, prompts, params, min_steps, keys = [], [], [], [], [], []
         for request, sentence in arrivals:
             ctx: Context = request.context
@@ -696,6 +699,7 @@ class Scheduler(AcousticRounds):
             nxt = sentence.index + 1
             if nxt < len(request.texts):
                 request.feature(nxt)  # featurise ahead while this one decodes
+        self.prefill_setup_seconds += time.perf_counter() - t0
         if not rows:
             return
         if self.decoder.device.type == "cuda":

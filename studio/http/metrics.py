@@ -343,9 +343,10 @@ def register_engine_metrics(registry: Registry, studio) -> None:
                             "acoustic_overlapped", "first_chunks"), "kind"), ("kind",), kind="counter")
     registry.callback("sovits_engine_busy_seconds_total", "Seconds the serving schedulers' threads spent in decode "
                       "steps, prefills and acoustic rounds (gate_wait: of the steps' and prefills', waiting for a "
-                      "graph capture to end); first_chunk_tokens / first_chunk_audio: the first chunks' waits summed "
+                      "graph capture to end; prefill_setup: of the prefills', the rows' host set-up before the "
+                      "device prefill); first_chunk_tokens / first_chunk_audio: the first chunks' waits summed "
                       "(request to its first token chunk, then to that chunk's audio).",
-                      work(("decode_seconds", "prefill_seconds", "gate_wait_seconds", "acoustic_seconds",
+                      work(("decode_seconds", "prefill_seconds", "prefill_setup_seconds", "gate_wait_seconds", "acoustic_seconds",
                             "first_chunk_tokens_seconds", "first_chunk_audio_seconds"), "stage"), ("stage",),
                       kind="counter")
     registry.callback("sovits_cpu_fallback_total", "Stage runs moved to the CPU because the accelerator lacks "

@@ -48,6 +48,7 @@ def work_figures(first: tuple[float, dict[str, float]], last: tuple[float, dict[
             "prefill_busy": round(d.get("prefill", 0) / seconds, 3),
             "prefills_per_s": round(d.get("prefills", 0) / seconds, 1), "rows_per_prefill": per("prefill_rows", "prefills"),
             "ms_per_prefill": per("prefill", "prefills", 1e3),
+            "ms_setup_per_prefill": per("prefill_setup", "prefills", 1e3),
             "gate_wait_busy": round(d.get("gate_wait", 0) / seconds, 3),
             "acoustic_captures": int(d.get("acoustic_captures", 0)),
             "acoustic_rounds_per_s": round(d.get("acoustic_rounds", 0) / seconds, 1),
