@@ -11,6 +11,7 @@
 #   bash benchmarks/issue31_gpu.sh prefill    # prefill_wait_ms 50 (1, 64, 256 clients) and 0 (64, 256)
 #   bash benchmarks/issue31_gpu.sh attention  # SDPA first calls per backend, a prefill's split (prefill_split.py);
 #                                             # the product with cuDNN attention off/on
+#   bash benchmarks/issue31_gpu.sh prefill_graphs  # captured prefills: their split, the product with them on/off
 # At most 8 files come back from a call: each mode writes fewer.
 # Run from the repository root on the device machine, after the wheels and dictionary are in place
 # (docs/benchmarks.md, "Device command"): the acoustic round's split (graphs and eager), bounded-context
@@ -82,6 +83,12 @@ if [ "${1:-parts}" = attention ]; then  # cuDNN's attention off (default now) ag
   step prefill_split 120 python3 benchmarks/prefill_split.py
   SOVITS_CUDNN_ATTENTION=0 product product_cudnn0 1,64,256
   SOVITS_CUDNN_ATTENTION=1 product product_cudnn1 1,64,256  # keeps cuDNN's attention (the former behaviour)
+  exit 0
+fi
+if [ "${1:-parts}" = prefill_graphs ]; then  # captured prefills (default now) against eager ones
+  step prefill_split 150 python3 benchmarks/prefill_split.py
+  product product_pfgraphs 1,64,256 --serve-arg=--prefill-graphs
+  product product_pfeager 64,256 --serve-arg=--no-prefill-graphs
   exit 0
 fi
 if [ "${1:-parts}" = levers ]; then

@@ -1,8 +1,8 @@
 """Where a serving prefill's time goes: the slot decoder's prefill (engine.serving.slots.SlotDecoder.prefill) on
 random full-size v2 T2S weights, rows of new prefix widths each time, as the scheduler meets them.
 
-For each attention choice (PyTorch's default, then cuDNN's attention off, as the server now runs it) and each
-row count: the median time of a prefill at a width not met before and of a repeat at a met width, then one
+For each setting (PyTorch's default attention; cuDNN's attention off, as the server runs it; then the captured
+prefills of engine.serving.slots, every bucket captured first and the capture timed) and each row count: the median time of a prefill at a width not met before and of a repeat at a met width, then one
 prefill at a new width under the torch profiler, its heaviest operators by device and by host time.
 
     python benchmarks/prefill_split.py [--rows 1,4,16] [--prefills 12] [--device cuda]
@@ -72,10 +72,19 @@ def main() -> int:
     prefill(rows_of(1, True))  # the first call of the process (kernels loaded) is not a serving prefill
     choices = [("default", None)]
     if cuda:
-        choices.append(("cuDNN attention off", False))
+        choices += [("cuDNN attention off", False), ("captured prefills", False)]
     for label, cudnn in choices:
         if cudnn is not None:
             torch.backends.cuda.enable_cudnn_sdp(cudnn)
+        if label == "captured prefills":
+            buckets = {decoder.prefill_bucket(int(r), w) for r in args.rows.split(",") + ["4"]
+                       for w in range(64, 1025, 64)} - {None}  # prefixes to 1,024 positions
+            sync()
+            t0 = time.perf_counter()
+            decoder.capture_prefills(sorted(buckets))
+            sync()
+            print(f"captured {len(buckets)} prefill buckets in {time.perf_counter() - t0:.2f} s "
+                  f"(memory allocated {torch.cuda.memory_allocated(dev) / 2**20:.0f} MiB)", flush=True)
         for n in (int(r) for r in args.rows.split(",")):
             firsts, repeats = [], []
             for _ in range(args.prefills):

@@ -90,6 +90,8 @@ KNOBS = (
          "CUDA: the streamed chunks' voicing compiled (torch.compile, channels-last: 2.1x the voicing; warm-up about 2 min)"),
     Knob("acoustic_pipeline", ENGINE, "acoustic_pipeline", bool,
          "CUDA: queue each acoustic round's kernels before the previous round's audio is delivered"),
+    Knob("prefill_graphs", ENGINE, "prefill_graphs", bool,
+         "CUDA: prefills replay CUDA graphs captured per bucket of rows and width (false: eager prefills)"),
     Knob("prefill_wait_ms", ENGINE, "prefill_wait_ms", int,
          "CUDA: how long a new sentence may wait for others to share its prefill while rows decode (0: none)"),
     Knob("stream_context_tokens", ENGINE, "stream_context_tokens", int,

@@ -272,6 +272,9 @@ class EngineSettings:
     # the host, peaks, pieces to their requests), so the device does not wait for that host work; False: one
     # round at a time (the same numbers either way)
     acoustic_pipeline: bool = True
+    # CUDA: a prefill replays a CUDA graph captured for its bucket (rows, width rounded up; the first prefill of a
+    # bucket runs eagerly, then the bucket is captured): a prefill is hundreds of launches, host-bound otherwise
+    prefill_graphs: bool = True
     # CUDA, while rows decode: a new sentence waits up to this many milliseconds for others to share its prefill
     # (a prefill costs hundreds of launches whatever its rows); 0: each is prefilled as soon as the loop turns
     prefill_wait_ms: int = 50
@@ -286,7 +289,8 @@ class EngineSettings:
     def __post_init__(self) -> None:
         if self.conv_backend not in ("auto", "cudnn", "native"):
             raise OptionsError(f"conv_backend must be auto, cudnn or native, got {self.conv_backend!r}")
-        for name in ("scheduler", "acoustic_buckets", "acoustic_graphs", "acoustic_compile", "acoustic_pipeline"):
+        for name in ("scheduler", "acoustic_buckets", "acoustic_graphs", "acoustic_compile", "acoustic_pipeline",
+                     "prefill_graphs"):
             if not isinstance(getattr(self, name), bool):
                 raise OptionsError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if not _is_int(self.scheduler_context) or self.scheduler_context < 64:

@@ -231,14 +231,14 @@ class Studio:
 
     def _count(self, event: str, n: int = 1) -> None:
         """A serving event (from a scheduler); graph captures are told apart by when they happened."""
-        if event in ("graphs_captured", "acoustic_graphs_captured"):
+        if event in ("graphs_captured", "prefill_graphs_captured", "acoustic_graphs_captured"):
             event = f"{event}_{'serving' if self.readiness.done else 'warmup'}"
         with self._lock:
             self._events[event] = self._events.get(event, 0) + n
 
     def serving_events(self) -> dict[str, int]:
-        """Counts of scheduler rebuilds, acoustic failures and graph captures (decode step / acoustic, warm-up /
-        serving)."""
+        """Counts of scheduler rebuilds, acoustic failures and graph captures (decode step / prefill / acoustic,
+        warm-up / serving)."""
         with self._lock:
             return dict(self._events)
 
@@ -331,6 +331,7 @@ class Studio:
                                                           acoustic_graphs=s.acoustic_graphs,
                                                           acoustic_compile=s.acoustic_compile,
                                                           acoustic_pipeline=s.acoustic_pipeline,
+                                                          prefill_graphs=s.prefill_graphs,
                                                           prefill_wait_s=s.prefill_wait_ms / 1000),
                                   gate=self.gate, on_event=self._count, fallback=self.fallback)
                 self._schedulers[models.id] = sched

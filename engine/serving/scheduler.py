@@ -88,6 +88,8 @@ class SchedulerConfig:
     acoustic_compile: bool = False
     # CUDA: a round's kernels are queued before the previous round's audio is delivered (same numbers)
     acoustic_pipeline: bool = True
+    # CUDA: prefills replay graphs captured per bucket (engine.serving.slots); False: eager prefills
+    prefill_graphs: bool = True
     # CUDA, while rows decode: sentences that arrive wait up to this long for others (or until PREFILL_BATCH
     # wait), so that one prefill takes them together; 0: each loop turn prefills what arrived
     prefill_wait_s: float = 0.05
@@ -270,7 +272,8 @@ class Scheduler(AcousticRounds):
                 "lower scheduler_slots (--slots) or scheduler_context", retry_after=5.0) from e
 
     def _make_decoder(self) -> SlotDecoder:
-        return SlotDecoder(self.models.t2s, self.slots, self.config.context)
+        return SlotDecoder(self.models.t2s, self.slots, self.config.context,
+                           prefill_graphs=None if self.config.prefill_graphs else False)
 
     def _make_acoustic_graphs(self):
         """The CUDA graphs of the batched chunk decodes (engine.acoustic.streaming.AcousticGraphs), or None."""
@@ -559,6 +562,8 @@ class Scheduler(AcousticRounds):
                     self.prefills += 1
                     self.prefill_rows += len(arrivals)
                     arrivals = []
+                    if self.decoder.prefill_missing:
+                        self._capture_prefills()
                 if self._n:
                     t0 = time.perf_counter()
                     with self.gate.work():
@@ -583,6 +588,22 @@ class Scheduler(AcousticRounds):
         finally:
             self._capture_wanted = False
             self._captured.set()
+
+    def _capture_prefills(self) -> None:
+        """Capture the prefill buckets just met without a graph (engine.serving.slots) with the device to this
+        thread (the gate's exclusive section: the acoustic thread and the front end wait, and the rows decoding
+        here wait for about one eager prefill). A capture that fails leaves this pool's prefills eager."""
+        buckets = sorted(self.decoder.prefill_missing)
+        try:
+            with self.gate.capture():
+                done = self.decoder.capture_prefills(buckets)
+        except Exception as e:  # noqa: BLE001 - the prefills still run eagerly
+            log.warning("capturing the prefill of %s failed (%s: %s); prefills run eagerly", buckets,
+                        type(e).__name__, e)
+            self.decoder.prefill_graphs = False
+            self.decoder.prefill_missing.clear()
+            return
+        self._event("prefill_graphs_captured", done)
 
     def _recover(self, error: BaseException, arrivals: list[tuple[Request, Any]]) -> None:
         """A prefill, decode step or capture failed: fail the requests that were in it (their rows and the

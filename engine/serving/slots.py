@@ -9,13 +9,23 @@ Cache layout: every slot row has ``capacity`` positions, and all rows write the 
 shared ring pointer (the Triton attention kernel takes one position for the whole batch). A prefix
 is placed so that it ends right before the pointer; a key's place in the row does not matter to
 attention (positions are in the embeddings), only the ``valid`` mask does.
+
+Prefills on CUDA: a prefill's 24 layers are hundreds of small kernels whose launches, not their arithmetic, set
+its time (benchmarks/prefill_split.py: 15-35 ms on the host for 3-4 ms on an H100, more while other threads hold
+the GIL). So a prefill of ``n`` rows and widest prefix ``w`` replays a graph captured for a bucket (the next of
+``PREFILL_ROWS`` rows, ``w`` rounded up to ``PREFILL_WIDTH_STEP``): its rows are left-padded further (padding keys
+are masked, as between rows of one prefill already), and the bucket's spare rows write their keys and values to
+one scratch row of the pool that nothing reads. A bucket met without a graph runs eagerly at its exact width and
+is noted in ``prefill_missing`` for the scheduler to capture.
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
+import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -32,6 +42,9 @@ log = logging.getLogger(__name__)
 
 SMALL_BUCKETS = (1, 2, 4, 8)  # decode batch sizes with a graph of their own (GEMV kernels below 9 rows)
 WINDOW_STEP = 64  # eager attention reads the newest positions, rounded up to this
+PREFILL_ROWS = (1, 2, 4, 8, 16)  # rows of the captured prefills (more rows prefill eagerly)
+PREFILL_WIDTH_STEP = 64  # a captured prefill's width: the widest prefix rounded up to this
+PREFILL_GRAPH_POSITIONS = 8192  # rows x width of the largest captured prefill (bounds their count and memory)
 
 
 def batch_buckets(slots: int) -> tuple[int, ...]:
@@ -44,11 +57,21 @@ def batch_buckets(slots: int) -> tuple[int, ...]:
     return tuple(sorted({s for s in sizes if s < slots} | {slots}))
 
 
+@dataclass
+class _PrefillGraph:
+    """A captured prefill of ``rows`` x ``width`` positions: it reads the decoder's static prefill inputs and
+    leaves each row's logits and key mask in its outputs."""
+
+    graph: torch.cuda.CUDAGraph
+    logits: torch.Tensor  # (rows, vocab)
+    key_ok: torch.Tensor  # (rows, width)
+
+
 class SlotDecoder:
     """Decoding state of ``slots`` rows over one shared T2S model (which it never modifies)."""
 
     def __init__(self, model: Text2SemanticModel, slots: int, capacity: int, use_graph: bool | None = None,
-                 attention: str = "auto") -> None:
+                 attention: str = "auto", prefill_graphs: bool | None = None) -> None:
         p = next(model.parameters())
         self.model, self.device, self.dtype = model, p.device, p.dtype
         self.slots, self.capacity = slots, capacity
@@ -59,7 +82,10 @@ class SlotDecoder:
         self._tk = importlib.import_module("engine.t2s.kernels.triton_step") if attention == "triton" else None
         self.use_graph = (self.device.type == "cuda") if use_graph is None else use_graph
         dev, dt = self.device, self.dtype
-        kv = (d.n_layer, slots, d.n_head, capacity, d.head_dim)
+        # captured prefills (CUDA): their spare rows write keys and values to row ``slots``, which nothing reads
+        self.prefill_graphs = (self.use_graph and dev.type == "cuda") if prefill_graphs is None else prefill_graphs
+        self.scratch = slots
+        kv = (d.n_layer, slots + (1 if self.prefill_graphs else 0), d.n_head, capacity, d.head_dim)
         self.k = torch.zeros(kv, device=dev, dtype=dt)  # (L, S, H, cap, hd)
         self.v = torch.zeros(kv, device=dev, dtype=dt)
         self.valid = torch.zeros(slots, capacity, dtype=torch.bool, device=dev)  # keys each row may attend
@@ -80,6 +106,13 @@ class SlotDecoder:
         self.captures = 0  # graphs captured
         pinned = self.device.type == "cuda"
         self._host = torch.zeros(2, slots, dtype=torch.long, pin_memory=pinned)
+        self._prefills: dict[tuple[int, int], _PrefillGraph] = {}
+        self._prefill_pool = None
+        self.prefill_missing: set[tuple[int, int]] = set()  # buckets prefilled eagerly for want of a graph
+        self.prefill_captures = 0
+        if self.prefill_graphs:  # the captured prefills' inputs (each bucket reads their first positions)
+            self._pf_x = torch.zeros(PREFILL_GRAPH_POSITIONS, d.hidden_dim, device=dev, dtype=dt)
+            self._pf_ints = torch.zeros(3 * PREFILL_ROWS[-1] + PREFILL_GRAPH_POSITIONS, dtype=torch.long, device=dev)
 
     @property
     def bytes_per_slot(self) -> int:
@@ -207,21 +240,70 @@ class SlotDecoder:
         return self.capture(self.uncaptured(limit))
 
     # ---- arrivals -----------------------------------------------------------------------------
+    def prefill_bucket(self, n: int, width: int) -> tuple[int, int] | None:
+        """The captured prefill that ``n`` rows of widest prefix ``width`` would replay, or None (eager)."""
+        if not self.prefill_graphs:
+            return None
+        rows = next((r for r in PREFILL_ROWS if r >= n), None)
+        w = math.ceil(width / PREFILL_WIDTH_STEP) * PREFILL_WIDTH_STEP
+        if rows is None or w >= self.capacity or rows * w > PREFILL_GRAPH_POSITIONS:
+            return None
+        return rows, w
+
+    def _prefix_layers(self, xy: torch.Tensor, ints: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layers over left-padded prefixes ``xy`` (R, W, D), writing each row's keys and values into its
+        slot at the ring places given; ``ints`` holds R text lengths, R prefix lengths, R slot rows, then the W
+        ring places. Returns (logits of each row's last position, key_ok (R, W)). Graph-safe."""
+        m, (n, width) = self.model, xy.shape[:2]
+        mask, key_ok = prefix_lm_mask(ints[:n], ints[n:2 * n], width)
+        mask = mask.unsqueeze(1)
+        heads = torch.arange(self.n_head, device=self.device)
+        where = (ints[2 * n:3 * n].view(-1, 1, 1), heads.view(1, -1, 1), ints[3 * n:3 * n + width].view(1, 1, -1))
+        x = xy
+        for i, layer in enumerate(m.layers):
+            q, k, v = (t.view(n, width, self.n_head, self.head_dim).transpose(1, 2) for t in layer.qkv(x))
+            self.k[i].index_put_(where, k)
+            self.v[i].index_put_(where, v)
+            attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            x = layer.finish(x, attn.transpose(1, 2).reshape(n, width, -1))
+        return m.logits(x[:, -1]), key_ok
+
+    def _embed_prefixes(self, xy: torch.Tensor, inputs: Sequence[T2SInput], prompts: Sequence[torch.Tensor | None],
+                        places: torch.Tensor, n_text: int) -> None:
+        """Write the rows' embedded prefixes (phones + BERT, then prompt tokens, each with its positions) into
+        ``xy`` (R, W, D), zeros elsewhere, in a few batched kernels; ``places`` holds the text positions, their
+        flat places in ``xy``, then the prompt positions and their flat places (``n_text`` text positions)."""
+        m, dev = self.model, self.device
+        flat = xy.view(-1, xy.shape[-1])
+        flat.zero_()
+        n_audio = (places.numel() - 2 * n_text) // 2
+        text = m.ar_text_embedding(torch.cat([item.phones.to(dev) for item in inputs]))
+        bert = torch.cat([item.bert.to(dev, self.dtype) for item in inputs], dim=1)
+        x = text + m.bert_proj(bert.t())
+        flat.index_copy_(0, places[n_text:2 * n_text], self._positioned(m.ar_text_position, x, places[:n_text]))
+        if n_audio:
+            tokens = torch.cat([p.to(dev).long().view(-1) for p in prompts if p is not None and p.numel()])
+            x = m.ar_audio_embedding(tokens)
+            a = 2 * n_text
+            flat.index_copy_(0, places[a + n_audio:], self._positioned(m.ar_audio_position, x, places[a:a + n_audio]))
+
+    @staticmethod
+    def _positioned(position, x: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+        """``x + alpha * PE[at]`` (what ScaledPosition adds to a row starting at 0, for rows of any start)."""
+        table = position.pe if x.shape[0] <= position.pe.shape[0] else position.encodings(0, x.shape[0])
+        return x + position.alpha * table.index_select(0, at).to(x.dtype)
+
     @torch.inference_mode()
     def prefill(self, rows: Sequence[int], inputs: Sequence[T2SInput], prompts: Sequence[torch.Tensor | None],
                 params: Sequence[SamplingParams], min_steps: Sequence[int], keys: Sequence[int],
                 ) -> tuple[np.ndarray, np.ndarray]:
         """Run the prefixes (phones + BERT, then the prompt tokens) of new rows into their slots and
-        sample their step 0; returns (sampled, argmax) per row. Rows are left-padded to one width."""
-        m, dev, n = self.model, self.device, len(rows)
-        prefixes, text_lengths, totals = [], [], []
-        for item, prompt in zip(inputs, prompts):
-            x = m.embed_text(item.phones.to(dev).unsqueeze(0), item.bert.to(dev, self.dtype).unsqueeze(0))[0]
-            text_lengths.append(x.shape[0])
-            if prompt is not None:
-                x = torch.cat([x, m.embed_audio(prompt.to(dev).long().view(1, -1))[0]])
-            prefixes.append(x)
-            totals.append(x.shape[0])
+        sample their step 0; returns (sampled, argmax) per row. Rows are left-padded to one width (on CUDA
+        to their bucket's, when it has a captured graph)."""
+        dev, n = self.device, len(rows)
+        text_lengths = [item.phones.shape[0] for item in inputs]
+        prompt_lengths = [p.numel() if p is not None else 0 for p in prompts]
+        totals = [t + p for t, p in zip(text_lengths, prompt_lengths)]
         width = max(totals)
         if width >= self.capacity:
             raise ValueError(f"a prefix of {width} positions does not fit a slot of {self.capacity}")
@@ -231,45 +313,98 @@ class SlotDecoder:
             # gather of keys, values and mask in every layer and step, until the ring wraps
             self.pos_host = WINDOW_STEP + width
             self.pos.fill_(self.pos_host)
-        xy = torch.stack([F.pad(x, (0, 0, width - x.shape[0], 0)) for x in prefixes])  # (n, W, D)
+        bucket = self.prefill_bucket(n, width)
+        graph = self._prefills.get(bucket) if bucket is not None else None
+        if bucket is not None and graph is None:
+            self.prefill_missing.add(bucket)
+        r, w = bucket if graph is not None else (n, width)
+        spare = r - n  # a bucket's rows beyond these: one masked position each, written to the scratch row
         # every host number of the prefill in one copy per dtype (each copy from pageable memory waits for the
-        # stream): lengths, rows, the rows' sampling parameters and noise keys, their prompt lengths
-        ints = host_to_device(np.array(
-            [text_lengths, totals, list(rows), [s.top_k for s in params], list(min_steps), list(keys),
-             [t - tl for t, tl in zip(totals, text_lengths)]], dtype=np.int64), dev)
+        # stream): the layers' inputs (lengths, slot rows, ring places), the rows' sampling parameters and
+        # noise keys and prompt lengths, then where each prefix position goes in the padded batch
+        starts = [i * w + w - t for i, t in enumerate(totals)]
+        text_at = [np.arange(t) for t in text_lengths]
+        prompt_at = [np.arange(p) for p in prompt_lengths]
+        ints = host_to_device(np.concatenate([
+            text_lengths, [1] * spare, totals, [1] * spare, list(rows), [self.scratch] * spare,
+            np.arange(self.pos_host - w, self.pos_host) % self.capacity,
+            [s.top_k for s in params], list(min_steps), list(keys), prompt_lengths,
+            *text_at, *(s + a for s, a in zip(starts, text_at)),
+            *prompt_at, *(s + t + a for s, t, a in zip(starts, text_lengths, prompt_at)),
+            *(np.full(p, row) for row, p in zip(rows, prompt_lengths))]).astype(np.int64), dev)
         floats = host_to_device(np.array(
             [[s.top_p for s in params], [s.temperature for s in params], [s.repetition_penalty for s in params]],
             dtype=np.float32), dev)
-        mask, key_ok = prefix_lm_mask(ints[0], ints[1], width)
-        idx = (torch.arange(self.pos_host - width, self.pos_host, device=dev) % self.capacity)  # (W,) ring places
-        rows_t = ints[2]
-        heads = torch.arange(self.n_head, device=dev)
-        where = (rows_t.view(-1, 1, 1), heads.view(1, -1, 1), idx.view(1, 1, -1))
-        x = xy
-        for i, layer in enumerate(m.layers):
-            q, k, v = (t.view(n, width, self.n_head, self.head_dim).transpose(1, 2) for t in layer.qkv(x))
-            self.k[i].index_put_(where, k)
-            self.v[i].index_put_(where, v)
-            attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.unsqueeze(1))
-            x = layer.finish(x, attn.transpose(1, 2).reshape(n, width, -1))
+        layer_ints = ints[:3 * r + w]
+        rows_t, idx = layer_ints[2 * r:2 * r + n], layer_ints[3 * r:]
+        top_k, min_steps_t, keys_t, prompt_len = ints[3 * r + w:3 * r + w + 4 * n].view(4, n)
+        n_text, n_audio = sum(text_lengths), sum(prompt_lengths)
+        places = ints[3 * r + w + 4 * n:3 * r + w + 4 * n + 2 * (n_text + n_audio)]
+        prompt_rows = ints[3 * r + w + 4 * n + 2 * (n_text + n_audio):]
+        if graph is not None:
+            self._pf_ints[:3 * r + w].copy_(layer_ints)
+            self._embed_prefixes(self._pf_x[:r * w].view(r, w, -1), inputs, prompts, places, n_text)
+            graph.graph.replay()
+            logits, key_ok = graph.logits[:n], graph.key_ok[:n]
+        else:
+            xy = torch.empty(n, w, self.model.dims.hidden_dim, device=dev, dtype=self.dtype)
+            self._embed_prefixes(xy, inputs, prompts, places, n_text)
+            logits, key_ok = self._prefix_layers(xy, layer_ints)
         self.valid.index_fill_(0, rows_t, False)
         self.valid[rows_t.view(-1, 1), idx.view(1, -1)] = key_ok
         self.seen.index_fill_(0, rows_t, False)
-        for r, prompt in zip(rows, prompts):
-            if prompt is not None and prompt.numel():
-                self.seen[r, prompt.to(dev).long().view(-1)] = True
+        if n_audio:  # the prompt's ids count as seen (the repetition penalty)
+            self.seen[prompt_rows, torch.cat([p.to(dev).long().view(-1) for p in prompts
+                                              if p is not None and p.numel()])] = True
         p = self.params
-        for t, values in ((p.top_k, ints[3]), (p.top_p, floats[0]), (p.temperature, floats[1]),
-                          (p.penalty, floats[2]), (p.min_steps, ints[4]), (p.key, ints[5])):
+        for t, values in ((p.top_k, top_k), (p.top_p, floats[0]), (p.temperature, floats[1]),
+                          (p.penalty, floats[2]), (p.min_steps, min_steps_t), (p.key, keys_t)):
             t[rows_t] = values.to(t.dtype)
         rp = RowParams(*(t[rows_t] for t in (p.top_k, p.top_p, p.temperature, p.penalty, p.min_steps, p.key)))
         zero = torch.zeros(n, dtype=torch.long, device=dev)
-        tok, arg = sample_rows(m.logits(x[:, -1]), self.seen[rows_t], zero, rp)
+        tok, arg = sample_rows(logits, self.seen[rows_t], zero, rp)
         self.seen[rows_t, tok] = True
         self.token[rows_t] = tok
-        self.audio_pos[rows_t] = ints[6].to(self.audio_pos.dtype)  # prompt length: next PE index
+        self.audio_pos[rows_t] = prompt_len.to(self.audio_pos.dtype)  # prompt length: next PE index
         self.step_index[rows_t] = 1
-        return tok.cpu().numpy(), arg.cpu().numpy()
+        out = torch.stack([tok, arg]).cpu().numpy()  # one wait for the device
+        return out[0], out[1]
+
+    def _capture_prefill(self, rows: int, width: int) -> _PrefillGraph:
+        """Capture the prefill of bucket (rows, width) over the static inputs, its runs writing only the scratch
+        row. The caller makes sure no other thread uses the device meanwhile (engine.serving.gate)."""
+        dev = self.device
+        xy = self._pf_x[:rows * width].view(rows, width, -1)
+        ints = self._pf_ints[:3 * rows + width]
+        ints[:2 * rows].fill_(1)  # every row one position long, in the scratch row
+        ints[2 * rows:3 * rows].fill_(self.scratch)
+        ints[3 * rows:].copy_(torch.arange(width, device=dev))
+        xy.zero_()
+        stream = torch.cuda.Stream(dev)
+        stream.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(stream), torch.inference_mode():
+            for _ in range(2):
+                self._prefix_layers(xy, ints)
+        torch.cuda.current_stream(dev).wait_stream(stream)
+        if self._prefill_pool is None:
+            self._prefill_pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._prefill_pool, stream=stream, capture_error_mode="thread_local"), \
+                torch.inference_mode():
+            logits, key_ok = self._prefix_layers(xy, ints)
+        return _PrefillGraph(graph, logits, key_ok)
+
+    def capture_prefills(self, buckets: Sequence[tuple[int, int]]) -> int:
+        """Capture the prefills of ``buckets`` (their prefills replay from then on); returns how many were
+        captured. As :meth:`capture`: only inside ``DeviceGate.capture``."""
+        done = 0
+        for bucket in buckets:
+            if self.prefill_graphs and bucket not in self._prefills:
+                self._prefills[bucket] = self._capture_prefill(*bucket)
+                self.prefill_captures += 1
+                done += 1
+            self.prefill_missing.discard(bucket)
+        return done
 
     def release(self) -> None:
         """Give back the KV pool and the graphs (after a failed step, before a new decoder is made); the
@@ -277,8 +412,10 @@ class SlotDecoder:
         empty = torch.zeros(0, device=self.device, dtype=self.dtype)
         self.k, self.v = empty, empty
         self._graphs, self._pool = {}, None
-        self.use_graph, self.buckets = False, ()
+        self._prefills, self._prefill_pool = {}, None
+        self.use_graph, self.buckets, self.prefill_graphs = False, (), False
         self.missing.clear()
+        self.prefill_missing.clear()
 
     # ---- bookkeeping --------------------------------------------------------------------------
     @torch.inference_mode()
@@ -311,3 +448,5 @@ class SlotDecoder:
         self.params = RowParams(*(cpu(t) for t in (p.top_k, p.top_p, p.temperature, p.penalty, p.min_steps, p.key)))
         self.model, self.device, self.dtype = model, torch.device("cpu"), torch.float32
         self.use_graph, self._tk, self.buckets, self._graphs, self._pool = False, None, (), {}, None
+        self.prefill_graphs, self._prefills, self._prefill_pool = False, {}, None
+        self.prefill_missing.clear()

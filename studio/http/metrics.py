@@ -326,6 +326,10 @@ def register_engine_metrics(registry: Registry, studio) -> None:
     registry.callback("sovits_graph_captures_total", "CUDA graphs of the decode step captured, at warm-up or "
                       "while serving (then under a barrier, at a quiet moment).", captures("graphs_captured"),
                       ("phase",), kind="counter")
+    registry.callback("sovits_prefill_graph_captures_total", "CUDA graphs of T2S prefills (a bucket of rows and "
+                      "width) captured, at warm-up or while serving (then under a barrier, right after the first "
+                      "prefill of that bucket, which ran eagerly).", captures("prefill_graphs_captured"),
+                      ("phase",), kind="counter")
     registry.callback("sovits_acoustic_graph_captures_total", "CUDA graphs of batched acoustic shapes captured, at "
                       "warm-up or while serving (then under a barrier, a few before a round).",
                       captures("acoustic_graphs_captured"), ("phase",), kind="counter")

@@ -173,7 +173,7 @@ class FakeGraphDecoder(SlotDecoder):
     gate = None  # set by the test: the engine's DeviceGate
     log: list = []
 
-    def __init__(self, model, slots, capacity, use_graph=None, attention="auto") -> None:
+    def __init__(self, model, slots, capacity, use_graph=None, attention="auto", prefill_graphs=None) -> None:
         super().__init__(model, slots, capacity, use_graph=True, attention="torch")
 
     def _capture(self, b: int):
