@@ -256,6 +256,11 @@ class Scheduler(AcousticRounds):
         # (submit -> first token chunk due, due -> its audio ready) seconds of recent requests, and their sums
         self.first_chunk_parts: deque[tuple[float, float]] = deque(maxlen=4096)
         self._first_chunk_sums = [0, 0.0, 0.0]  # requests, seconds to the first chunk due, due to its audio
+        # time integrals of how many requests were admitted (T2S unfinished), sentences decoding in rows, sentences
+        # waiting for a prefill, acoustic jobs queued: over an interval, their deltas / its length are the mean
+        # occupancy of each place (Little's law says where requests wait); summed at each decode-loop turn
+        self.occupancy = dict.fromkeys(("admitted", "decoding", "prefill_queue", "acoustic_queue"), 0.0)
+        self._occupied: tuple[float, tuple[int, int, int, int]] | None = None
 
     def _allocate(self) -> SlotDecoder:
         """The first slot pool; PoolAllocationError (503, retry) when the device cannot hold it now."""
@@ -517,7 +522,8 @@ class Scheduler(AcousticRounds):
                 "gate_wait_seconds": self.gate_wait_seconds,
                 "acoustic_rounds": self.acoustic_rounds, "acoustic_chunks": self.acoustic_chunks,
                 "acoustic_overlapped": self.acoustic_overlapped, "acoustic_seconds": self.acoustic_seconds,
-                "first_chunks": first[0], "first_chunk_tokens_seconds": first[1], "first_chunk_audio_seconds": first[2]}
+                "first_chunks": first[0], "first_chunk_tokens_seconds": first[1], "first_chunk_audio_seconds": first[2],
+                **{f"{place}_occupancy_seconds": v for place, v in self.occupancy.items()}}
 
     def _on_cancel(self, request: Request) -> None:
         with self._cv:
@@ -536,14 +542,25 @@ class Scheduler(AcousticRounds):
         return (not self._closed and not self._n and not self._arrivals and not self._cancelled
                 and not self._capture_wanted and not self.decoder.missing)
 
+    def _count_occupancy(self) -> None:
+        """Add the time since the last turn times what was in each place then (read without the lock: hints)."""
+        now = time.perf_counter()
+        if self._occupied is not None:
+            dt = now - self._occupied[0]
+            for place, count in zip(self.occupancy, self._occupied[1]):
+                self.occupancy[place] += dt * count
+        self._occupied = (now, (len(self._active), self._n, len(self._arrivals), self._acoustic.qsize()))
+
     def _decode_loop(self) -> None:
         while True:
+            self._count_occupancy()
             if self.cpu_teams and self._nothing_to_do():  # only this thread empties the rows: a safe hint
                 release_team()  # the next stage's thread finds no idle team of ours (engine.openmp)
                 self._fitted = -math.inf  # the next busy spell fits its thread count first
             with self._cv:
                 while self._nothing_to_do():
                     self._cv.wait()
+                self._count_occupancy()  # the wait, with what was there before it
                 if self._closed:
                     break
                 cancelled, self._cancelled = self._cancelled, set()

@@ -333,10 +333,10 @@ def register_engine_metrics(registry: Registry, studio) -> None:
     registry.callback("sovits_acoustic_graph_captures_total", "CUDA graphs of batched acoustic shapes captured, at "
                       "warm-up or while serving (then under a barrier, a few before a round).",
                       captures("acoustic_graphs_captured"), ("phase",), kind="counter")
-    def work(names: tuple[str, ...], label: str) -> Callable[[], list[Sample]]:
+    def work(names: tuple[str, ...], label: str, suffix: str = "_seconds") -> Callable[[], list[Sample]]:
         def samples() -> list[Sample]:
             done = studio.serving_work() if hasattr(studio, "serving_work") else {}
-            return [({label: name.removesuffix("_seconds")}, float(done[name])) for name in names if name in done]
+            return [({label: name.removesuffix(suffix)}, float(done[name])) for name in names if name in done]
 
         return samples
 
@@ -353,6 +353,12 @@ def register_engine_metrics(registry: Registry, studio) -> None:
                       work(("decode_seconds", "prefill_seconds", "prefill_setup_seconds", "gate_wait_seconds", "acoustic_seconds",
                             "first_chunk_tokens_seconds", "first_chunk_audio_seconds"), "stage"), ("stage",),
                       kind="counter")
+    registry.callback("sovits_engine_occupancy_seconds_total", "Time integrals of what the serving schedulers held: "
+                      "admitted requests whose tokens are not all decoded, sentences decoding in rows, sentences "
+                      "waiting for a prefill, acoustic jobs queued. Their rate is the mean number in each place.",
+                      work(("admitted_occupancy_seconds", "decoding_occupancy_seconds",
+                            "prefill_queue_occupancy_seconds", "acoustic_queue_occupancy_seconds"), "place",
+                           suffix="_occupancy_seconds"), ("place",), kind="counter")
     registry.callback("sovits_cpu_fallback_total", "Stage runs moved to the CPU because the accelerator lacks "
                       "one of their operators.", fallbacks, ("stage",), kind="counter")
     registry.callback("sovits_memory_degrade_total", "Memory watermark decisions: degrade steps run, requests "

@@ -17,13 +17,15 @@ _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 # /metrics series that carry the server process's resident memory: ours, then the Prometheus client's
 RSS_SERIES = (("sovits_host_memory_bytes", {"kind": "rss"}), ("process_resident_memory_bytes", {}))
 DEVICE_SERIES = ("sovits_device_memory_bytes", {"kind": "allocated"})
-WORK_SERIES = (("sovits_engine_work_total", "kind"), ("sovits_engine_busy_seconds_total", "stage"))
+# the engine's counters: (series, its label, the prefix its values take in engine_work)
+WORK_SERIES = (("sovits_engine_work_total", "kind", ""), ("sovits_engine_busy_seconds_total", "stage", ""),
+               ("sovits_engine_occupancy_seconds_total", "place", "in_"))
 
 
 def engine_work(metrics: dict[str, list[tuple[dict[str, str], float]]]) -> dict[str, float]:
     """The engine's counters of one scrape: {kind or stage: value} (empty when the server exports none)."""
-    out = {labels[label]: value for name, label in WORK_SERIES for labels, value in metrics.get(name, [])
-           if label in labels}
+    out = {prefix + labels[label]: value for name, label, prefix in WORK_SERIES
+           for labels, value in metrics.get(name, []) if label in labels}
     captures = _series_sum(metrics, "sovits_acoustic_graph_captures_total", {"phase": "serving"})
     if out and captures is not None:
         out["acoustic_captures"] = captures
@@ -58,7 +60,11 @@ def work_figures(first: tuple[float, dict[str, float]], last: tuple[float, dict[
             "rounds_overlapped": per("acoustic_overlapped", "acoustic_rounds"),
             "first_chunks": int(d.get("first_chunks", 0)),
             "first_chunk_tokens_s": per("first_chunk_tokens", "first_chunks"),
-            "first_chunk_audio_s": per("first_chunk_audio", "first_chunks")}
+            "first_chunk_audio_s": per("first_chunk_audio", "first_chunks"),
+            # mean number in each place over the interval (requests admitted with tokens to decode, sentences
+            # decoding, sentences waiting for a prefill, acoustic jobs queued)
+            **{f"mean_{place}": round(d[f"in_{place}"] / seconds, 1)
+               for place in ("admitted", "decoding", "prefill_queue", "acoustic_queue") if f"in_{place}" in d}}
 
 
 def parse_metrics(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:

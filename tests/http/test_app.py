@@ -368,6 +368,8 @@ def test_metrics_report_latency_queue_caches_and_memory(server) -> None:
     assert samples['sovits_engine_work_total{kind="first_chunks"}'] >= 1
     assert samples['sovits_engine_busy_seconds_total{stage="decode"}'] > 0
     assert samples['sovits_engine_busy_seconds_total{stage="first_chunk_tokens"}'] > 0
+    assert samples['sovits_engine_occupancy_seconds_total{place="decoding"}'] > 0  # rows decoded a while
+    assert samples['sovits_engine_occupancy_seconds_total{place="admitted"}'] > 0
     setup = samples['sovits_engine_busy_seconds_total{stage="prefill_setup"}']
     assert 0 < setup <= samples['sovits_engine_busy_seconds_total{stage="prefill"}']  # a part of the prefills' time
     assert json.loads(httpx.get(f"{server}/health").text)["status"] == "ready"
