@@ -12,6 +12,7 @@
 #   bash benchmarks/issue31_gpu.sh attention  # SDPA first calls per backend, a prefill's split (prefill_split.py);
 #                                             # the product with cuDNN attention off/on
 #   bash benchmarks/issue31_gpu.sh prefill_graphs  # captured prefills: their split, the product with them on/off
+#   bash benchmarks/issue31_gpu.sh cache      # the product at 1-700 clients; the reference cache at 1,024 against 64
 # At most 8 files come back from a call: each mode writes fewer.
 # Run from the repository root on the device machine, after the wheels and dictionary are in place
 # (docs/benchmarks.md, "Device command"): the acoustic round's split (graphs and eager), bounded-context
@@ -89,6 +90,11 @@ if [ "${1:-parts}" = prefill_graphs ]; then  # captured prefills (default now) a
   step prefill_split 150 python3 benchmarks/prefill_split.py
   product product_pfgraphs 1,64,256 --serve-arg=--prefill-graphs
   product product_pfeager 64,256 --serve-arg=--no-prefill-graphs
+  exit 0
+fi
+if [ "${1:-parts}" = cache ]; then  # the reference cache's entries 1,024 (default now) against 64 (the former)
+  product product_default 1,64,256,700
+  product product_cache64 64,256 --serve-arg=--reference-cache-entries=64
   exit 0
 fi
 if [ "${1:-parts}" = levers ]; then

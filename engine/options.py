@@ -234,8 +234,12 @@ T2S_DECODERS = ("auto", "fast", "reference", "int8")
 class EngineSettings:
     """Bounds and policies of one running engine (the pool, the caches, the memory watermark)."""
 
-    reference_cache_entries: int = 64  # prepared references kept (LRU)
-    reference_cache_bytes: int = 512 * MIB  # and their total tensor bytes
+    # prepared references kept (LRU), and their total tensor bytes: a reference of a 5-6 s clip is about 1 MB in
+    # float32 (its spectrogram), so the bytes bind first (~450 clips); a count of 64 made a server with more users
+    # than that, each with a clip of their own, prepare every request's reference again (LRU over a cycle longer
+    # than the cache hits nothing): docs/benchmarks.md, issue 31
+    reference_cache_entries: int = 1024
+    reference_cache_bytes: int = 512 * MIB
     model_pool_bytes: int = 12 * GIB  # parameter bytes of loaded models kept (LRU by weight file)
     memory_watermark: float = 0.9  # fraction of device memory; above it caches shrink, then new work degrades
     on_memory_pressure: str = "cpu"  # after shrinking: "cpu" (run on the CPU), "wait" or "refuse"

@@ -29,6 +29,10 @@ def engine_work(metrics: dict[str, list[tuple[dict[str, str], float]]]) -> dict[
     captures = _series_sum(metrics, "sovits_acoustic_graph_captures_total", {"phase": "serving"})
     if out and captures is not None:
         out["acoustic_captures"] = captures
+    for series, key in (("sovits_cache_hits_total", "reference_hits"), ("sovits_cache_misses_total", "reference_misses")):
+        value = _series_sum(metrics, series, {"cache": "reference"})
+        if out and value is not None:
+            out[key] = value
     return out
 
 
@@ -61,6 +65,9 @@ def work_figures(first: tuple[float, dict[str, float]], last: tuple[float, dict[
             "first_chunks": int(d.get("first_chunks", 0)),
             "first_chunk_tokens_s": per("first_chunk_tokens", "first_chunks"),
             "first_chunk_audio_s": per("first_chunk_audio", "first_chunks"),
+            # prepared references found in the engine's cache (each client uploads its own clip)
+            "reference_hit_ratio": (round(d["reference_hits"] / (d["reference_hits"] + d["reference_misses"]), 3)
+                                    if d.get("reference_hits", 0) + d.get("reference_misses", 0) else None),
             # mean number in each place over the interval (requests admitted with tokens to decode, sentences
             # decoding, sentences waiting for a prefill, acoustic jobs queued)
             **{f"mean_{place}": round(d[f"in_{place}"] / seconds, 1)

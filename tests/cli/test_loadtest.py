@@ -330,6 +330,9 @@ def test_the_engine_figures_of_a_level_come_from_two_scrapes_of_its_counters() -
                 f'sovits_engine_busy_seconds_total{{stage="decode"}} {decode_s}\n'
                 f'sovits_engine_busy_seconds_total{{stage="prefill"}} {prefill_s}\n'
                 f'sovits_engine_occupancy_seconds_total{{place="decoding"}} {steps / 10}\n'
+                f'sovits_cache_hits_total{{cache="reference"}} {prefills}\n'
+                f'sovits_cache_misses_total{{cache="reference"}} {rows - prefills}\n'
+                'sovits_cache_hits_total{cache="model_pool"} 7\n'
                 'sovits_acoustic_graph_captures_total{phase="serving"} 3\n')
         return engine_work(parse_metrics(text))
 
@@ -340,5 +343,6 @@ def test_the_engine_figures_of_a_level_come_from_two_scrapes_of_its_counters() -
     assert got["decode_busy"] == 0.3 and got["prefill_busy"] == 0.25
     assert got["prefills_per_s"] == 2.5 and got["rows_per_prefill"] == 4.0 and got["ms_per_prefill"] == 100.0
     assert got["acoustic_captures"] == 0  # 3 before, 3 after
+    assert got["reference_hit_ratio"] == 0.25  # 5 hits, 15 misses
     assert got["mean_decoding"] == 10.0 and "mean_admitted" not in got  # (30 - 10) row-seconds over 2 s
     assert engine_work(parse_metrics("sovits_host_memory_bytes{kind=\"rss\"} 5\n")) == {}  # an older server
