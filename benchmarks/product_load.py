@@ -454,7 +454,8 @@ def engine_table(levels: list[dict[str, Any]]) -> list[str]:
            "| clients | decode steps/s | rows/step | ms/step | decode busy | prefills/s | rows/prefill | ms/prefill (host set-up) | "
            "prefill busy | gate wait (steps + prefills) | captures | acoustic rounds/s | chunks/round | ms/round | "
            "acoustic busy | rounds overlapped | first chunk: tokens / audio (s) | "
-           "mean admitted / decoding / waiting prefill / acoustic jobs | reference cache hits |",
+           "mean requests: reference / first sentence / admitted / decoding / waiting prefill / acoustic jobs | "
+           "reference cache hits |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for clients, e in rows:
         out.append(f"| {clients} | {e['decode_steps_per_s']} | {e['rows_per_step']} | {e['ms_per_step']} | "
@@ -463,6 +464,7 @@ def engine_table(levels: list[dict[str, Any]]) -> list[str]:
                    f"{e.get('acoustic_captures')} | {e['acoustic_rounds_per_s']} | "
                    f"{e['chunks_per_round']} | {e['ms_per_round']} | {e['acoustic_busy']} | "
                    f"{e['rounds_overlapped']} | {e['first_chunk_tokens_s']} / {e['first_chunk_audio_s']} | "
+                   f"{e.get('mean_reference')} / {e.get('mean_first_sentence')} / "
                    f"{e.get('mean_admitted')} / {e.get('mean_decoding')} / {e.get('mean_prefill_queue')} / "
                    f"{e.get('mean_acoustic_queue')} | {e.get('reference_hit_ratio')} |")
     return out

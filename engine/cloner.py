@@ -15,6 +15,7 @@ import logging
 import math
 import os
 import random
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -218,7 +219,8 @@ class VoiceCloner:
                  max_text_chars: int = EngineSettings.max_text_chars, scheduler=None,
                  fallback: DeviceFallback | None = None, reopen: Callable[[], Any] | None = None,
                  gate=None, conv_backend: str = "auto", lane: Executor | None = None,
-                 batches: "ReferenceBatches | None" = None, text_workers=None, stream_context: int = 0) -> None:
+                 batches: "ReferenceBatches | None" = None, text_workers=None, stream_context: int = 0,
+                 account: Callable[[str, float], None] | None = None) -> None:
         from engine.text.frontend import TextFrontend
 
         self.scheduler = scheduler  # engine.serving.Scheduler of these models; None: the official flow
@@ -242,6 +244,9 @@ class VoiceCloner:
         # engine.text.workers.TextWorkers that read text in other processes (the same front end); None: here
         self._text_workers = text_workers
         self.stream_context = stream_context  # EngineSettings.stream_context_tokens (0: the official whole prefix)
+        # account(place, seconds): the engine's sum of the time requests spent in a place before the scheduler
+        # ("split", "reference", "first_sentence"): over an interval, the mean number of requests there
+        self._account = account
 
     def _device_work(self):
         """The section device work of this cloner runs in (see engine.serving.gate)."""
@@ -433,10 +438,15 @@ class VoiceCloner:
         plan = resolve_plan(options, self.models.version)
         for note in plan.notes:
             log.info("synthesis mode: %s", note)
+        t0 = time.perf_counter()
         sentences = self.split(text, text_lang, options)
         if not sentences:
             raise TextError("text has nothing to say: it holds only punctuation or blanks")
+        t1 = time.perf_counter()
         prepared, hit = self._prepare(reference)
+        if self._account is not None:
+            self._account("split", t1 - t0)
+            self._account("reference", time.perf_counter() - t1)
         log.debug("reference %s", "from cache" if hit else "prepared")
         seed = options.seed if options.seed != -1 else random.randrange(0, MAX_SEED + 1)
         flow = self._serve if self.scheduler is not None else self._run
@@ -486,7 +496,10 @@ class VoiceCloner:
 
         if m.device.type == "cpu":  # the caller's thread, then the text thread, fit their thread counts before each
             featurise = cpu_job(featurise)  # sentence and release their OpenMP teams after it (engine.openmp)
+        t0 = time.perf_counter()
         first = next((s for i, t in enumerate(texts) if (s := featurise(i, t)) is not None), None)
+        if self._account is not None:
+            self._account("first_sentence", time.perf_counter() - t0)
         if first is None:
             raise TextError("no sentence of the text could be read (no phones): check the text and text_lang")
         params, rules = self._sampling(opts)

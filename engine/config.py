@@ -73,6 +73,8 @@ ENGINE = "engine.options:EngineSettings"
 WARMUP = "engine.warmup:WarmupSettings"
 KNOBS = (
     Knob("reference_cache_entries", ENGINE, "reference_cache_entries", int, "prepared references kept (LRU)"),
+    Knob("reference_threads", ENGINE, "reference_threads", int,
+         "threads that prepare new references on a GPU (their HuBERT / speaker-model runs batched together)"),
     Knob("reference_cache_mb", ENGINE, "reference_cache_bytes", int, "MiB of prepared references kept", MIB),
     Knob("model_pool_mb", ENGINE, "model_pool_bytes", int, "MiB of model weights kept loaded (LRU)", MIB),
     Knob("memory_watermark", ENGINE, "memory_watermark", float,

@@ -240,6 +240,10 @@ class EngineSettings:
     # than the cache hits nothing): docs/benchmarks.md, issue 31
     reference_cache_entries: int = 1024
     reference_cache_bytes: int = 512 * MIB
+    # threads that prepare new references on an accelerator: their clips' HuBERT and speaker-model runs meet in
+    # batches of up to 16 (engine.cloner.REFERENCE_BATCH), so as many threads let a batch fill; on 2 threads, 256
+    # users with new clips waited seconds before their request reached the scheduler (docs/benchmarks.md)
+    reference_threads: int = 16
     model_pool_bytes: int = 12 * GIB  # parameter bytes of loaded models kept (LRU by weight file)
     memory_watermark: float = 0.9  # fraction of device memory; above it caches shrink, then new work degrades
     on_memory_pressure: str = "cpu"  # after shrinking: "cpu" (run on the CPU), "wait" or "refuse"
@@ -297,6 +301,8 @@ class EngineSettings:
                      "prefill_graphs"):
             if not isinstance(getattr(self, name), bool):
                 raise OptionsError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if not _is_int(self.reference_threads) or self.reference_threads < 1:
+            raise OptionsError(f"reference_threads must be an integer >= 1, got {self.reference_threads!r}")
         if not _is_int(self.scheduler_context) or self.scheduler_context < 64:
             raise OptionsError(f"scheduler_context must be an integer >= 64, got {self.scheduler_context!r}")
         for name in ("reference_cache_entries", "reference_cache_bytes", "model_pool_bytes", "max_text_chars",

@@ -40,7 +40,6 @@ from engine.t2s.decoding import SamplingParams, StopRules, T2SDecoder, T2SInput
 
 log = logging.getLogger(__name__)
 
-REFERENCE_THREADS = 2  # engine threads that prepare references on an accelerator
 AUTO_TEXT_PROCESSES = 2  # text worker processes per front-end kind on CUDA (EngineSettings.text_processes -1)
 MAX_TEXT_POOLS = 4  # front-end kinds (v1 / v2, G2PW folder) with worker processes at once; the oldest closes
 
@@ -87,12 +86,15 @@ class Studio:
         self.gate = DeviceGate()  # device work of every scheduler and cloner vs CUDA graph captures
         # reference preparation on an accelerator runs on these threads (started on demand), not on the
         # request threads: few threads hold device handles, however many clients there are
-        self._lane = ThreadPoolExecutor(max_workers=REFERENCE_THREADS, thread_name_prefix="reference")
+        self._lane = ThreadPoolExecutor(max_workers=settings.reference_threads, thread_name_prefix="reference")
         # concurrent requests' new reference clips meet in one HuBERT batch and one speaker-model batch on CUDA,
         # on a thread of its own (one set of device handles); a lone clip runs at once, alone
         self._batch_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reference-batch")
         self._reference_batches = ReferenceBatches.make(self._batch_executor)
         self._events: dict[str, int] = {}  # serving events for /metrics (rebuilds, graphs captured...)
+        # seconds requests spent before the scheduler, summed per place (VoiceCloner's account): the text's split,
+        # the reference (from the cache or prepared), the first sentence's features
+        self._upstream = dict.fromkeys(("split", "reference", "first_sentence"), 0.0)
         self._text_workers: dict[object, object] = {}  # FrontendSpec -> engine.text.workers.TextWorkers
 
     @classmethod
@@ -186,7 +188,7 @@ class Studio:
                              lane=self._lane if models.device.type != "cpu" else None,
                              batches=self._reference_batches if models.device.type == "cuda" else None,
                              text_workers=self._text_workers_for(models),
-                             stream_context=self.settings.stream_context_tokens)
+                             stream_context=self.settings.stream_context_tokens, account=self._account)
         if self.settings.warmup:
             with self._lock:
                 first = models.id not in self._warmed
@@ -236,6 +238,10 @@ class Studio:
         with self._lock:
             self._events[event] = self._events.get(event, 0) + n
 
+    def _account(self, place: str, seconds: float) -> None:
+        with self._lock:
+            self._upstream[place] += seconds
+
     def serving_events(self) -> dict[str, int]:
         """Counts of scheduler rebuilds, acoustic failures and graph captures (decode step / prefill / acoustic,
         warm-up / serving)."""
@@ -244,10 +250,12 @@ class Studio:
 
     def serving_work(self) -> dict[str, float]:
         """The live schedulers' :meth:`engine.serving.Scheduler.work`, summed (a closed scheduler's counts go
-        with it)."""
+        with it), and the seconds requests spent before a scheduler (``split``, ``reference``, ``first_sentence``
+        ``_occupancy_seconds``)."""
         with self._lock:
             schedulers = [*self._schedulers.values(), *self._retired]
-        total: dict[str, float] = {}
+        with self._lock:
+            total = {f"{place}_occupancy_seconds": v for place, v in self._upstream.items()}
         for sched in schedulers:
             for name, value in sched.work().items():
                 total[name] = total.get(name, 0) + value

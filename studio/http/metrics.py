@@ -353,11 +353,15 @@ def register_engine_metrics(registry: Registry, studio) -> None:
                       work(("decode_seconds", "prefill_seconds", "prefill_setup_seconds", "gate_wait_seconds", "acoustic_seconds",
                             "first_chunk_tokens_seconds", "first_chunk_audio_seconds"), "stage"), ("stage",),
                       kind="counter")
-    registry.callback("sovits_engine_occupancy_seconds_total", "Time integrals of what the serving schedulers held: "
-                      "admitted requests whose tokens are not all decoded, sentences decoding in rows, sentences "
-                      "waiting for a prefill, acoustic jobs queued. Their rate is the mean number in each place.",
-                      work(("admitted_occupancy_seconds", "decoding_occupancy_seconds",
-                            "prefill_queue_occupancy_seconds", "acoustic_queue_occupancy_seconds"), "place",
+    registry.callback("sovits_engine_occupancy_seconds_total", "Time integrals of where requests were: before the "
+                      "scheduler, splitting their text, getting their reference (from the cache or prepared), "
+                      "reading their first sentence; in it, admitted with tokens to decode, sentences decoding in "
+                      "rows, sentences waiting for a prefill, acoustic jobs queued. Their rate is the mean number "
+                      "in each place.",
+                      work(("split_occupancy_seconds", "reference_occupancy_seconds",
+                            "first_sentence_occupancy_seconds", "admitted_occupancy_seconds",
+                            "decoding_occupancy_seconds", "prefill_queue_occupancy_seconds",
+                            "acoustic_queue_occupancy_seconds"), "place",
                            suffix="_occupancy_seconds"), ("place",), kind="counter")
     registry.callback("sovits_cpu_fallback_total", "Stage runs moved to the CPU because the accelerator lacks "
                       "one of their operators.", fallbacks, ("stage",), kind="counter")

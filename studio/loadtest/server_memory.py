@@ -68,10 +68,12 @@ def work_figures(first: tuple[float, dict[str, float]], last: tuple[float, dict[
             # prepared references found in the engine's cache (each client uploads its own clip)
             "reference_hit_ratio": (round(d["reference_hits"] / (d["reference_hits"] + d["reference_misses"]), 3)
                                     if d.get("reference_hits", 0) + d.get("reference_misses", 0) else None),
-            # mean number in each place over the interval (requests admitted with tokens to decode, sentences
-            # decoding, sentences waiting for a prefill, acoustic jobs queued)
+            # mean number in each place over the interval (requests splitting their text, getting their reference,
+            # reading their first sentence; admitted with tokens to decode, sentences decoding, sentences waiting
+            # for a prefill, acoustic jobs queued)
             **{f"mean_{place}": round(d[f"in_{place}"] / seconds, 1)
-               for place in ("admitted", "decoding", "prefill_queue", "acoustic_queue") if f"in_{place}" in d}}
+               for place in ("split", "reference", "first_sentence", "admitted", "decoding", "prefill_queue",
+                             "acoustic_queue") if f"in_{place}" in d}}
 
 
 def parse_metrics(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:

@@ -370,6 +370,8 @@ def test_metrics_report_latency_queue_caches_and_memory(server) -> None:
     assert samples['sovits_engine_busy_seconds_total{stage="first_chunk_tokens"}'] > 0
     assert samples['sovits_engine_occupancy_seconds_total{place="decoding"}'] > 0  # rows decoded a while
     assert samples['sovits_engine_occupancy_seconds_total{place="admitted"}'] > 0
+    assert samples['sovits_engine_occupancy_seconds_total{place="reference"}'] > 0  # before the scheduler
+    assert samples['sovits_engine_occupancy_seconds_total{place="first_sentence"}'] > 0
     setup = samples['sovits_engine_busy_seconds_total{stage="prefill_setup"}']
     assert 0 < setup <= samples['sovits_engine_busy_seconds_total{stage="prefill"}']  # a part of the prefills' time
     assert json.loads(httpx.get(f"{server}/health").text)["status"] == "ready"
