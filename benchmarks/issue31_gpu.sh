@@ -13,7 +13,7 @@
 #                                             # the product with cuDNN attention off/on
 #   bash benchmarks/issue31_gpu.sh prefill_graphs  # captured prefills: their split, the product with them on/off
 #   bash benchmarks/issue31_gpu.sh cache      # the product at 1-700 clients; the reference cache at 1,024 against 64
-#   bash benchmarks/issue31_gpu.sh references  # the product with 16 reference threads (default now) against 2
+#   bash benchmarks/issue31_gpu.sh references  # the product with 16 reference threads against 2 (the default)
 # At most 8 files come back from a call: each mode writes fewer.
 # Run from the repository root on the device machine, after the wheels and dictionary are in place
 # (docs/benchmarks.md, "Device command"): the acoustic round's split (graphs and eager), bounded-context
@@ -98,10 +98,10 @@ if [ "${1:-parts}" = cache ]; then  # the reference cache's entries 1,024 (defau
   product product_cache64 64,256 --serve-arg=--reference-cache-entries=64
   exit 0
 fi
-if [ "${1:-parts}" = references ]; then  # reference_threads 16 (default now) against 2 (the former)
-  product product_ref16 1,64,256
+if [ "${1:-parts}" = references ]; then  # reference_threads 16 against 2 (the default; was made 16 for this run)
+  product product_ref16 1,64,256 --serve-arg=--reference-threads=16
   product product_ref2 64,256 --serve-arg=--reference-threads=2
-  product product_ref16_text6 64,256 --serve-arg=--text-processes=6  # more text worker processes than auto's 2
+  product product_ref16_text6 64,256 --serve-arg=--reference-threads=16 --serve-arg=--text-processes=6
   exit 0
 fi
 if [ "${1:-parts}" = levers ]; then

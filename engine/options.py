@@ -240,10 +240,11 @@ class EngineSettings:
     # than the cache hits nothing): docs/benchmarks.md, issue 31
     reference_cache_entries: int = 1024
     reference_cache_bytes: int = 512 * MIB
-    # threads that prepare new references on an accelerator: their clips' HuBERT and speaker-model runs meet in
-    # batches of up to 16 (engine.cloner.REFERENCE_BATCH), so as many threads let a batch fill; on 2 threads, 256
-    # users with new clips waited seconds before their request reached the scheduler (docs/benchmarks.md)
-    reference_threads: int = 16
+    # threads that prepare new references on an accelerator (their clips' HuBERT and speaker-model runs meet in
+    # batches of up to engine.cloner.REFERENCE_BATCH). Measured on an H100 (docs/benchmarks.md, issue 31): with
+    # 256 users arriving with new clips, ~110-125 requests wait here on average whether 2 or 16 threads prepare;
+    # 16 threads cost 30% at 64 users arriving at once (their references reach the scheduler in one burst), so 2
+    reference_threads: int = 2
     model_pool_bytes: int = 12 * GIB  # parameter bytes of loaded models kept (LRU by weight file)
     memory_watermark: float = 0.9  # fraction of device memory; above it caches shrink, then new work degrades
     on_memory_pressure: str = "cpu"  # after shrinking: "cpu" (run on the CPU), "wait" or "refuse"
