@@ -14,6 +14,7 @@
 #   bash benchmarks/issue31_gpu.sh prefill_graphs  # captured prefills: their split, the product with them on/off
 #   bash benchmarks/issue31_gpu.sh cache      # the product at 1-700 clients; the reference cache at 1,024 against 64
 #   bash benchmarks/issue31_gpu.sh references  # the product with 16 reference threads against 2 (the default)
+#   bash benchmarks/issue31_gpu.sh reference_split  # next: a new clip's preparation, stage by stage, under bursts
 # At most 8 files come back from a call: each mode writes fewer.
 # Run from the repository root on the device machine, after the wheels and dictionary are in place
 # (docs/benchmarks.md, "Device command"): the acoustic round's split (graphs and eager), bounded-context
@@ -102,6 +103,14 @@ if [ "${1:-parts}" = references ]; then  # reference_threads 16 against 2 (the d
   product product_ref16 1,64,256 --serve-arg=--reference-threads=16
   product product_ref2 64,256 --serve-arg=--reference-threads=2
   product product_ref16_text6 64,256 --serve-arg=--reference-threads=16 --serve-arg=--text-processes=6
+  exit 0
+fi
+if [ "${1:-parts}" = reference_split ]; then  # where a new clip's preparation goes (benchmarks/reference_split.py)
+  for v in "2 -1" "16 -1" "16 6"; do  # reference threads, text processes (-1: auto, 2 on CUDA)
+    set -- $v
+    step "reference_split_t$1_p$2" 150 python3 benchmarks/reference_split.py --ref-dir .gpu/refset \
+      --bursts 1,16,64,256 --reference-threads "$1" --text-processes "$2" --json "$OUT/reference_split_t$1_p$2.json"
+  done
   exit 0
 fi
 if [ "${1:-parts}" = levers ]; then
