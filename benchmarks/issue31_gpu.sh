@@ -15,6 +15,7 @@
 #   bash benchmarks/issue31_gpu.sh cache      # the product at 1-700 clients; the reference cache at 1,024 against 64
 #   bash benchmarks/issue31_gpu.sh references  # the product with 16 reference threads against 2 (the default)
 #   bash benchmarks/issue31_gpu.sh reference_split  # next: a new clip's preparation, stage by stage, under bursts
+#   bash benchmarks/issue31_gpu.sh gil        # next: the GIL switch interval 0.5 ms against Python's 5 ms, product
 # At most 8 files come back from a call: each mode writes fewer.
 # Run from the repository root on the device machine, after the wheels and dictionary are in place
 # (docs/benchmarks.md, "Device command"): the acoustic round's split (graphs and eager), bounded-context
@@ -111,6 +112,12 @@ if [ "${1:-parts}" = reference_split ]; then  # where a new clip's preparation g
     step "reference_split_t$1_p$2" 150 python3 benchmarks/reference_split.py --ref-dir .gpu/refset \
       --bursts 1,16,64,256 --reference-threads "$1" --text-processes "$2" --json "$OUT/reference_split_t$1_p$2.json"
   done
+  exit 0
+fi
+if [ "${1:-parts}" = gil ]; then  # switch_interval_ms 0.5 against Python's own 5 ms (the default, 0)
+  step gil_handoff 60 python3 benchmarks/gil_handoff.py
+  product product_gil5 1,64,256
+  product product_gil05 1,64,256 --serve-arg=--switch-interval-ms=0.5
   exit 0
 fi
 if [ "${1:-parts}" = levers ]; then

@@ -92,6 +92,9 @@ KNOBS = (
          "CUDA: the streamed chunks' voicing compiled (torch.compile, channels-last: 2.1x the voicing; warm-up about 2 min)"),
     Knob("acoustic_pipeline", ENGINE, "acoustic_pipeline", bool,
          "CUDA: queue each acoustic round's kernels before the previous round's audio is delivered"),
+    Knob("switch_interval_ms", ENGINE, "switch_interval_ms", float,
+         "the GIL switch interval of a serving process in ms (0: Python's 5 ms; smaller: decode steps wait less "
+         "for the GIL)"),
     Knob("prefill_graphs", ENGINE, "prefill_graphs", bool,
          "CUDA: prefills replay CUDA graphs captured per bucket of rows and width (false: eager prefills)"),
     Knob("prefill_wait_ms", ENGINE, "prefill_wait_ms", int,

@@ -287,6 +287,12 @@ class EngineSettings:
     # CUDA, while rows decode: a new sentence waits up to this many milliseconds for others to share its prefill
     # (a prefill costs hundreds of launches whatever its rows); 0: each is prefilled as soon as the loop turns
     prefill_wait_ms: int = 50
+    # the interpreter's GIL switch interval for a serving process, in ms (0: Python's own, 5 ms). A decode step
+    # waits on the device with the GIL released, then needs it back; while another thread runs Python (the
+    # acoustic thread launching kernels, the HTTP server) it gets it only after this interval: 1 ms steps took
+    # 6 ms beside one busy thread on this CPU, 1.7 ms at 0.5 ms (benchmarks/gil_handoff.py). Set by the serving
+    # commands (the interpreter is the process's, not the engine's); not yet measured on the product path
+    switch_interval_ms: float = 0.0
     # processes that read request texts (normalisation, g2p; engine.text.workers), so that the front end never
     # holds the engine's GIL; -1: 2 on CUDA (where the GIL feeds the GPU), none elsewhere; 0: the request threads
     text_processes: int = -1
@@ -317,6 +323,9 @@ class EngineSettings:
                                f"got {self.text_processes!r}")
         if self.max_schedulers < 1:
             raise OptionsError(f"max_schedulers must be at least 1, got {self.max_schedulers!r}")
+        if not _is_number(self.switch_interval_ms) or not 0.0 <= self.switch_interval_ms <= 100.0:
+            raise OptionsError(f"switch_interval_ms must be a number of milliseconds in [0, 100] (0: Python's own), "
+                               f"got {self.switch_interval_ms!r}")
         if not _is_number(self.memory_watermark) or not 0.0 < self.memory_watermark <= 1.0:
             raise OptionsError(f"memory_watermark must be a fraction in (0, 1], got {self.memory_watermark!r}")
         if self.on_memory_pressure not in PRESSURE_ACTIONS:

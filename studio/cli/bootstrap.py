@@ -165,6 +165,13 @@ def g2pw_note(config) -> str:
     return f"note: {g2pw_notice(problem, config.base_dir)}" if problem else ""
 
 
+def set_switch_interval(ms: float) -> None:
+    """The interpreter's GIL switch interval for this command's process (EngineSettings.switch_interval_ms; 0:
+    leave Python's own). A process setting, so the command that owns the process sets it, not the engine."""
+    if ms > 0:
+        sys.setswitchinterval(ms / 1000)
+
+
 def build_studio(config, args: argparse.Namespace, reference_rules=None, **settings):
     """The engine for ``config`` with the command's ``--device``/``--precision``, the knobs (flags over the
     config's keys) and ``EngineSettings`` fields given here.
@@ -181,6 +188,7 @@ def build_studio(config, args: argparse.Namespace, reference_rules=None, **setti
                                 precision=getattr(args, "precision", None),
                                 settings=engine_settings(config, args, **settings),
                                 vocoder_backend=getattr(args, "vocoder_backend", None), **extra)
+    set_switch_interval(studio.settings.switch_interval_ms)
     for notice in (studio.device_notice, studio.vocoder_notice, *studio.config_notices):
         if notice:
             print(f"warning: {notice}", file=sys.stderr)

@@ -39,3 +39,22 @@ def test_defaults_come_from_the_owning_dataclass() -> None:
     assert f"(default {EngineSettings().memory_watermark})" in text and "--no-warmup" in text
     assert "--warmup" not in parser(warmup=False).format_help()  # synth: nothing to warm up
     assert parser().parse_args([]).model_pool_mb is None  # unset flags leave the config's value
+
+
+def test_the_switch_interval_knob_sets_the_serving_process_gil_interval() -> None:
+    import sys
+
+    from studio.cli.bootstrap import set_switch_interval
+
+    config = parse_config({"custom": dict(SECTION, switch_interval_ms=2.0)})
+    values = knob_values(config, parser().parse_args(["--switch-interval-ms", "0.5"]))
+    engine = EngineSettings(**knob_settings(ENGINE, values))
+    assert engine.switch_interval_ms == 0.5 and EngineSettings().switch_interval_ms == 0.0
+    before = sys.getswitchinterval()
+    try:
+        set_switch_interval(0.0)  # 0: Python's own is left as it is
+        assert sys.getswitchinterval() == before
+        set_switch_interval(engine.switch_interval_ms)
+        assert abs(sys.getswitchinterval() - 0.0005) < 1e-9
+    finally:
+        sys.setswitchinterval(before)

@@ -95,7 +95,8 @@ def test_super_sampling_is_reported_not_silently_dropped():
 @pytest.mark.parametrize("field,value", [
     ("reference_cache_entries", -1), ("model_pool_bytes", 1.5), ("memory_watermark", 0.0),
     ("memory_watermark", 1.5), ("on_memory_pressure", "swap"), ("memory_wait_seconds", -1),
-    ("weight_roots", "/models"),
+    ("weight_roots", "/models"), ("switch_interval_ms", -1), ("switch_interval_ms", float("nan")),
+    ("reference_threads", 0),
 ])
 def test_engine_settings_validation(field, value):
     with pytest.raises(OptionsError, match=field):
