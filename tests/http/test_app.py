@@ -350,7 +350,8 @@ def test_openai_speech_with_a_saved_voice(server, studio, refs) -> None:
 
 def test_metrics_report_latency_queue_caches_and_memory(server) -> None:
     with httpx.Client(base_url=server, timeout=TIMEOUT) as c:
-        assert c.get("/tts", params=tts_query()).status_code == 200
+        for _ in range(2):  # the second finds the first's prepared reference, whatever ran before this test
+            assert c.get("/tts", params=tts_query()).status_code == 200
         text = c.get("/metrics")
     assert text.headers["content-type"].startswith("text/plain; version=0.0.4")
     samples = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
