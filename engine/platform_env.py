@@ -1,6 +1,7 @@
 """The process environment: what must be set before torch is imported (no torch import here), the libraries'
-progress bars and chatter (:func:`quiet_libraries`, called by the front doors), and the open-files limit (one
-descriptor per socket) that a server or a load test raises to fit its connections."""
+progress bars and chatter (:func:`quiet_libraries`, called by the front doors), the open-files limit (one
+descriptor per socket) that a server or a load test raises to fit its connections, and the GIL's switch interval
+(:func:`set_switch_interval`)."""
 
 from __future__ import annotations
 
@@ -111,3 +112,10 @@ def raise_open_files(want: int) -> tuple[int, int]:
     except (ValueError, OSError):
         pass
     return resource.getrlimit(resource.RLIMIT_NOFILE)
+
+
+def set_switch_interval(ms: float) -> None:
+    """The interpreter's GIL switch interval for this process (``EngineSettings.switch_interval_ms``; 0 leaves
+    Python's own). A process setting, so the front door that owns the process sets it, not the engine."""
+    if ms > 0:
+        sys.setswitchinterval(ms / 1000)

@@ -165,13 +165,6 @@ def g2pw_note(config) -> str:
     return f"note: {g2pw_notice(problem, config.base_dir)}" if problem else ""
 
 
-def set_switch_interval(ms: float) -> None:
-    """The interpreter's GIL switch interval for this command's process (EngineSettings.switch_interval_ms; 0:
-    leave Python's own). A process setting, so the command that owns the process sets it, not the engine."""
-    if ms > 0:
-        sys.setswitchinterval(ms / 1000)
-
-
 def build_studio(config, args: argparse.Namespace, reference_rules=None, **settings):
     """The engine for ``config`` with the command's ``--device``/``--precision``, the knobs (flags over the
     config's keys) and ``EngineSettings`` fields given here.
@@ -181,6 +174,7 @@ def build_studio(config, args: argparse.Namespace, reference_rules=None, **setti
     work as written are printed as warnings (``studio.config_notices``), and so is a v2+ Mandarin frontend
     without G2PW (``studio.g2pw_notice``, with the command that fetches it).
     """
+    from engine.platform_env import set_switch_interval
     from engine.studio import Studio
 
     extra = {"reference_rules": reference_rules} if reference_rules is not None else {}

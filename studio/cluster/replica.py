@@ -51,7 +51,7 @@ class Synthesizer:
     async def __init__(self, config: "ClusterConfig", state: Any) -> None:
         from ray import serve
 
-        from engine.platform_env import quiet_libraries
+        from engine.platform_env import quiet_libraries, set_switch_interval
         from engine.studio import Studio
         from studio.http.app import create_app
 
@@ -62,6 +62,7 @@ class Synthesizer:
         self.studio = Studio.from_config(engine_config, device=config.device, precision=config.precision,
                                          settings=config.engine_settings(engine_config),
                                          vocoder_backend=config.vocoder_backend)
+        set_switch_interval(self.studio.settings.switch_interval_ms)  # the replica's process is its own
         self.app = create_app(self.studio, config.server_settings(engine_config))
         self.context = self.app.state.context
         self.replica_id = serve.get_replica_context().replica_id.unique_id

@@ -44,7 +44,7 @@ def test_defaults_come_from_the_owning_dataclass() -> None:
 def test_the_switch_interval_knob_sets_the_serving_process_gil_interval() -> None:
     import sys
 
-    from studio.cli.bootstrap import set_switch_interval
+    from engine.platform_env import set_switch_interval
 
     config = parse_config({"custom": dict(SECTION, switch_interval_ms=2.0)})
     values = knob_values(config, parser().parse_args(["--switch-interval-ms", "0.5"]))
