@@ -46,18 +46,19 @@ class FakePrefillGraphs(SlotDecoder):
         return replay.out
 
 
-def _rows(seed: int) -> tuple[list[T2SInput], list[torch.Tensor | None]]:
+def _rows(seed: int, shapes=((12, 9), (30, 21), (7, 0))) -> tuple[list[T2SInput], list[torch.Tensor | None]]:
     g = torch.Generator().manual_seed(seed)
     items, prompts = [], []
-    for phones, prompt in ((12, 9), (30, 21), (7, 0)):  # widths 21, 51, 7: one bucket of 4 rows x 64
+    for phones, prompt in shapes:  # by default widths 21, 51, 7: one bucket of 4 rows x 64
         items.append(T2SInput(torch.randint(1, 100, (phones,), generator=g),
                               torch.randn(DIMS.bert_dim, phones, generator=g)))
         prompts.append(torch.randint(0, 1000, (prompt,), generator=g) if prompt else None)
     return items, prompts
 
 
-def _run(pool: SlotDecoder, rows: list[int], seed: int, steps: int) -> list[list[int]]:
-    items, prompts = _rows(seed)
+def _run(pool: SlotDecoder, rows: list[int], seed: int, steps: int, shapes=((12, 9), (30, 21), (7, 0))
+         ) -> list[list[int]]:
+    items, prompts = _rows(seed, shapes)
     n = len(rows)
     tok, _ = pool.prefill(rows, items, prompts, [SAMPLED] * n, [10**9] * n, [11 + r for r in rows])
     out = [[int(t)] for t in tok]
@@ -105,6 +106,20 @@ def test_a_replayed_prefill_bucket_gives_the_tokens_cache_and_masks_of_the_exact
     assert padded.k[:, 6].abs().sum() > 0  # written by the bucket's spare row, never by a real one
     for t in ("token", "audio_pos", "step_index", "seen"):
         assert torch.equal(getattr(padded, t)[:6], getattr(exact, t)), t
+
+
+@torch.inference_mode()
+def test_a_reference_free_bucket_and_one_of_a_single_row_give_the_exact_prefills_tokens() -> None:
+    model = random_t2s_model(DIMS, seed=5)
+    for shapes, rows in ((((9, 0), (20, 0)), [0, 1]), (((70, 0),), [2])):  # no prompt at all; 1 row x 128
+        exact = SlotDecoder(model, slots=4, capacity=512)
+        padded = FakePrefillGraphs(model, slots=4, capacity=512)
+        for pool in (exact, padded):
+            pool.valid[3, 0] = True
+        _run(padded, rows, seed=6, steps=0, shapes=shapes)
+        padded.capture_prefills(sorted(padded.prefill_missing))
+        assert _run(padded, rows, seed=7, steps=8, shapes=shapes) == _run(exact, rows, seed=7, steps=8, shapes=shapes)
+        assert sum(g.graph.replays for g in padded._prefills.values()) == 1
 
 
 class _SchedulerPool(FakePrefillGraphs):
