@@ -376,18 +376,19 @@ class Scheduler(AcousticRounds):
             request.next_sentence(held.index, lambda s, e: self._more_sentences(request, s, e))
 
     def capture_graphs(self, timeout: float | None = None) -> int:
-        """Capture the decode-step graph of every batch bucket now, on the decode loop at its next quiet
-        moment and with the device to itself (engine.serving.gate), and the acoustic graphs (every voicing
+        """Capture the decode-step graph of every batch bucket now, and the prefill graph of every bucket up to
+        engine.serving.slots.PREFILL_WARM_WIDTH positions, on the decode loop at its next quiet moment and with
+        the device to itself (engine.serving.gate), and the acoustic graphs (every voicing
         shape, the encoder shapes of prefixes up to 512 frames and 128 phones, and those the acoustic stage has
         met: warm-up's requests) on its own thread under the gate; warm-up calls it before a server says it is
         ready, so that serving captures only rarer shapes it meets later (one before a round). Returns the
         number of graphs captured (0 off CUDA)."""
-        before = self.decoder.captures + self._acoustic_graph_count()
+        before = self.decoder.captures + self.decoder.prefill_captures + self._acoustic_graph_count()
         with self._cv:
             if self._closed:
                 return 0
             self._start()
-            if self.decoder.uncaptured():
+            if self.decoder.uncaptured() or self.decoder.uncaptured_prefills():
                 self._captured.clear()
                 self._capture_wanted = True
                 self._cv.notify_all()
@@ -398,7 +399,7 @@ class Scheduler(AcousticRounds):
             self._acoustic_captured.clear()
             self._acoustic.put(CAPTURE)
             self._acoustic_captured.wait(timeout)
-        return self.decoder.captures + self._acoustic_graph_count() - before
+        return self.decoder.captures + self.decoder.prefill_captures + self._acoustic_graph_count() - before
 
     def _acoustic_graph_count(self) -> int:
         return self.acoustic_graphs.captures if self.acoustic_graphs is not None else 0
@@ -602,15 +603,18 @@ class Scheduler(AcousticRounds):
             with self.gate.capture():
                 done = self.decoder.capture(buckets)
             self._event("graphs_captured", done)
+            if self._capture_wanted:
+                self._capture_prefills(self.decoder.uncaptured_prefills())
         finally:
             self._capture_wanted = False
             self._captured.set()
 
-    def _capture_prefills(self) -> None:
-        """Capture the prefill buckets just met without a graph (engine.serving.slots) with the device to this
-        thread (the gate's exclusive section: the acoustic thread and the front end wait, and the rows decoding
-        here wait for about one eager prefill). A capture that fails leaves this pool's prefills eager."""
-        buckets = sorted(self.decoder.prefill_missing)
+    def _capture_prefills(self, buckets: list[tuple[int, int]] | None = None) -> None:
+        """Capture prefill buckets (engine.serving.slots; default: those just met without a graph) with the device
+        to this thread (the gate's exclusive section: the acoustic thread and the front end wait, and the rows
+        decoding here wait for about one eager prefill a bucket). A capture that fails leaves this pool's
+        prefills eager."""
+        buckets = sorted(self.decoder.prefill_missing) if buckets is None else buckets
         try:
             with self.gate.capture():
                 done = self.decoder.capture_prefills(buckets)

@@ -172,3 +172,23 @@ def test_the_scheduler_captures_a_prefill_bucket_alone_on_the_device_and_replays
         assert engine.serving_events().get("prefill_graphs_captured_serving") == len(log)
     finally:
         engine.close()
+
+
+def test_warm_up_captures_every_prefill_bucket_to_1024_positions_and_serving_then_captures_none(monkeypatch) -> None:
+    from engine.serving.slots import PREFILL_ROWS, PREFILL_WARM_WIDTH
+
+    shared = sup.studio("v2")
+    monkeypatch.setattr(scheduler_module, "SlotDecoder", _SchedulerPool)
+    _SchedulerPool.log = []
+    engine = Studio(shared.default_weights, shared.runtime, EngineSettings(scheduler_slots=4), pool=shared.pool)
+    _SchedulerPool.gate = engine.gate
+    try:
+        decoder = engine.scheduler(engine.cloner().models).decoder
+        want = {(r, w) for r in PREFILL_ROWS for w in range(64, PREFILL_WARM_WIDTH + 1, 64) if r * w <= 8192}
+        assert engine.capture_graphs() == len(want) == 72
+        assert set(decoder._prefills) == want and decoder.uncaptured_prefills() == []
+        assert all(exclusive and working == 0 for *_, exclusive, working in _SchedulerPool.log)
+        assert _tokens(engine) and len(_SchedulerPool.log) == len(want)  # served without a capture
+        assert sum(g.graph.replays for g in decoder._prefills.values()) >= 2
+    finally:
+        engine.close()
